@@ -1,0 +1,1 @@
+"""Speculation-aware LLM inference cluster on Ray Serve and vLLM."""

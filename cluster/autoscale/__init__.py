@@ -1,0 +1,1 @@
+"""Autoscaling policies and the speculation-aware signals they share with routing."""

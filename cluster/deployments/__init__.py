@@ -1,0 +1,1 @@
+"""Ray Serve deployments: the ingress, the pool servers and the application builder."""

@@ -1,0 +1,184 @@
+"""From a `ClusterConfig` to a Ray Serve application: one `PoolServer` deployment per pool and
+one `ClusterIngress` in front of them.
+
+`pool_llm_configs` is also what `cluster config render` prints, so operators see exactly what
+will be deployed before a long GPU load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.config import ClusterConfig, PoolConfig, TargetConfig
+from cluster.models import local_model_path
+
+INGRESS_DEPLOYMENT = "ingress"
+
+
+def pool_deployment_name(pool: PoolConfig) -> str:
+    return f"pool-{pool.name}"
+
+
+def pool_model_id(pool: PoolConfig) -> str:
+    """Internal model id of a pool's engine; clients address the target id instead."""
+    return f"{pool.target}@{pool.name}"
+
+
+def speculative_config(config: ClusterConfig, pool: PoolConfig) -> dict[str, Any] | None:
+    """vLLM's `speculative_config` for a pool (None = no speculation)."""
+    spec = pool.speculation
+    if spec.method == "none":
+        return None
+    if spec.method == "ngram":
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "prompt_lookup_min": spec.prompt_lookup_min,
+            "prompt_lookup_max": spec.prompt_lookup_max,
+        }
+    return {
+        "method": "eagle3",
+        "model": config.resolve_path(spec.drafter),
+        "num_speculative_tokens": spec.num_speculative_tokens,
+    }
+
+
+def engine_kwargs(config: ClusterConfig, target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
+    engine = pool.engine
+    kwargs: dict[str, Any] = {
+        "tensor_parallel_size": target.tensor_parallel_size,
+        "pipeline_parallel_size": target.pipeline_parallel_size,
+        "dtype": target.dtype,
+        "max_num_seqs": engine.max_num_seqs,
+        "kv_cache_dtype": engine.kv_cache_dtype,
+        "enable_prefix_caching": engine.enable_prefix_caching,
+        "enforce_eager": engine.enforce_eager,
+        "trust_remote_code": target.trust_remote_code,
+        # PoolServer's stats hooks read vLLM's stat loggers, which exist only with stats on.
+        "disable_log_stats": False,
+    }
+    optional = {
+        "max_model_len": target.max_model_len,
+        "quantization": target.quantization,
+        "tokenizer": config.resolve_path(target.tokenizer) if target.tokenizer else None,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "speculative_config": speculative_config(config, pool),
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    if target.accelerator_type is not None:
+        kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
+    kwargs.update(engine.extra)
+    return kwargs
+
+
+def _placement(target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
+    if target.accelerator_type is None:
+        bundles = [{"CPU": pool.cpus_per_replica}]
+    else:
+        bundles = [{"GPU": 1} for _ in range(target.accelerators_per_replica)]
+    return {"bundles": bundles, "strategy": pool.placement_strategy}
+
+
+def _runtime_env(target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
+    env = {}
+    if target.accelerator_type is None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.engine.cpu_kvcache_space_gib)
+    if target.is_embedded or not ("://" in target.source):
+        env["HF_HUB_OFFLINE"] = "1"  # local weights: never reach for a hub
+    return {"env_vars": env} if env else {}
+
+
+def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, Any]:
+    """The `LLMConfig` of a pool as plain data (what `config render` prints)."""
+    target = config.target(pool.target)
+    scaling = pool.autoscaling
+    autoscaling_config = {
+        "min_replicas": scaling.min_replicas,
+        "max_replicas": scaling.max_replicas,
+        "initial_replicas": scaling.initial_replicas
+        if scaling.initial_replicas is not None
+        else scaling.min_replicas,
+        "target_ongoing_requests": scaling.target_ongoing_requests,
+        "upscale_delay_s": scaling.upscale_delay_s,
+        "downscale_delay_s": scaling.downscale_delay_s,
+    }
+    llm_config = {
+        "model_loading_config": {
+            "model_id": pool_model_id(pool),
+            "model_source": local_model_path(config, target),
+        },
+        "engine_kwargs": engine_kwargs(config, target, pool),
+        "placement_group_config": _placement(target, pool),
+        "deployment_config": {
+            "autoscaling_config": autoscaling_config,
+            "max_ongoing_requests": pool.max_ongoing_requests,
+        },
+        "runtime_env": _runtime_env(target, pool),
+        # Engine metrics (incl. vllm:spec_decode_*) go to Ray's Prometheus / dashboard.
+        "log_engine_metrics": True,
+    }
+    if target.accelerator_type is not None:
+        llm_config["accelerator_type"] = target.accelerator_type
+    return llm_config
+
+
+def ingress_options(config: ClusterConfig) -> dict[str, Any]:
+    return {
+        "name": INGRESS_DEPLOYMENT,
+        # The ingress only parses, tokenizes and forwards: a fraction of a CPU.
+        "ray_actor_options": {"num_cpus": 0.5},
+        "max_ongoing_requests": 1000,
+    }
+
+
+def render(config: ClusterConfig) -> dict[str, Any]:
+    """Everything that will be deployed, as plain data."""
+    return {
+        "application": config.server.app_name,
+        "http": {"host": config.server.host, "port": config.server.port},
+        "ingress": {**ingress_options(config), "routing": config.routing.model_dump()},
+        "pools": {
+            pool.name: {
+                "target": pool.target,
+                "role": pool.role,
+                "deployment": pool_deployment_name(pool),
+                "llm_config": pool_llm_config_dict(config, pool),
+            }
+            for pool in config.pools
+        },
+    }
+
+
+def build_app(config: ClusterConfig):
+    """The Serve application (imports Ray and vLLM; call on a machine that has them)."""
+    from ray import serve
+    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+    from ray.serve.llm import LLMConfig, build_llm_deployment
+
+    from cluster.deployments.ingress import ClusterIngress, PoolRef, make_ingress_class
+    from cluster.deployments.pool_server import PoolServer
+
+    handles, pool_refs, model_cards = {}, [], {}
+    for pool in config.pools:
+        llm_config = LLMConfig(**pool_llm_config_dict(config, pool))
+        handles[pool.name] = build_llm_deployment(
+            llm_config,
+            deployment_cls=PoolServer,
+            override_serve_options={"name": pool_deployment_name(pool)},
+        )
+        pool_refs.append(PoolRef(pool.name, pool.target, pool.role, pool_deployment_name(pool)))
+        model_cards.setdefault(pool.target, to_model_metadata(pool.target, llm_config))
+    tokenizers = {
+        t.id: local_model_path(config, t) if t.tokenizer is None else config.resolve_path(t.tokenizer)
+        for t in config.targets
+    }
+    ingress_cls = make_ingress_class(ClusterIngress)
+    return serve.deployment(ingress_cls, **ingress_options(config)).bind(
+        pool_handles=handles,
+        pools=pool_refs,
+        model_cards=model_cards,
+        tokenizers=tokenizers,
+        routing=config.routing,
+        telemetry=config.telemetry,
+        app_name=config.server.app_name,
+    )

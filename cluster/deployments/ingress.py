@@ -1,0 +1,352 @@
+"""The OpenAI-compatible ingress: parse, validate, choose a pool, call it, stream back.
+
+`ClusterIngress` is Ray Serve LLM's `OpenAiIngress` with one change in the request path:
+instead of one deployment per model id, each target has up to two pools, and every chat or
+completion request is routed to one of them by `cluster.routing.choose_pool`. Clients address
+the target id; pools are internal. Every routed response carries `x-cluster-pool` and
+`x-cluster-route-reason`, the decision is logged and counted, and the request is traced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from ray import serve
+from ray.llm._internal.common.utils.lora_utils import get_base_model_id
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ErrorResponse,
+    OpenAIHTTPException,
+)
+from ray.llm._internal.serve.core.ingress.ingress import (
+    DEFAULT_ENDPOINTS,
+    OpenAiIngress,
+    init,
+    make_fastapi_ingress,
+)
+from ray.llm._internal.serve.core.ingress.middleware import get_request_id
+from ray.llm._internal.serve.core.ingress.utils import NON_STREAMING_RESPONSE_TYPES
+from ray.llm._internal.serve.utils.server_utils import get_response_for_error
+from ray.serve import metrics
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.responses import JSONResponse, Response
+
+from cluster.config import RoutingConfig, TelemetryConfig
+from cluster.routing import Decision, PoolLoad, Reason, choose_pool
+from cluster.telemetry import TRACER_NAME, RequestTrace, make_tracer_provider
+
+logger = logging.getLogger("ray.serve")
+
+POOL_HEADER = "x-cluster-pool"
+REASON_HEADER = "x-cluster-route-reason"
+TRACE_HEADER = "x-cluster-trace-id"
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """What the ingress knows about a pool from the config."""
+
+    name: str
+    target: str
+    role: str
+    deployment: str
+
+
+class _PoolCall:
+    """One request's stay in a pool: counted in flight until `finish`, traced throughout."""
+
+    def __init__(self, in_flight: Counter, pool: PoolRef, decision: Decision, trace: RequestTrace):
+        self.pool, self.decision, self.trace = pool, decision, trace
+        self._in_flight = in_flight
+        in_flight[pool.name] += 1
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {
+            POOL_HEADER: self.pool.name,
+            REASON_HEADER: self.decision.reason.value,
+            TRACE_HEADER: self.trace.trace_id,
+        }
+
+    def observe(self, item: Any) -> None:
+        """Account one item of the pool's output stream (a response, an error or SSE chunks)."""
+        if isinstance(item, ErrorResponse):
+            self.finish(item.error.message)
+            return
+        self.trace.first_output()
+        if isinstance(item, NON_STREAMING_RESPONSE_TYPES):
+            usage = getattr(item, "usage", None)
+            self.trace.output_tokens = getattr(usage, "completion_tokens", 0) or 0
+            self.finish()
+            return
+        for chunk in item if isinstance(item, list) else [item]:
+            self.trace.output_tokens = _stream_tokens(chunk, self.trace.output_tokens)
+
+    def finish(self, error: BaseException | str | None = None) -> None:
+        if not self.trace.finished:
+            self._in_flight[self.pool.name] -= 1
+            self.trace.finish(error)
+
+
+def _stream_tokens(chunk: Any, counted: int) -> int:
+    """Output tokens after one SSE chunk: the usage block when present, else one per content
+    chunk (a lower bound when speculation emits several tokens in one step)."""
+    text = chunk if isinstance(chunk, str) else chunk.model_dump_json()
+    payload = text.strip().removeprefix("data: ")
+    if not payload.startswith("{"):
+        return counted
+    data = json.loads(payload)
+    usage = data.get("usage")
+    if usage and usage.get("completion_tokens"):
+        return usage["completion_tokens"]
+    has_output = any(
+        c.get("text") or (c.get("delta") or {}).get("content") for c in data.get("choices", [])
+    )
+    return counted + 1 if has_output else counted
+
+
+_CURRENT_CALL: contextvars.ContextVar[_PoolCall | None] = contextvars.ContextVar(
+    "cluster_pool_call", default=None
+)
+
+
+def _load_tokenizer(path: str):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as error:  # a remote or tokenizer-less source: estimate instead
+        logger.warning("no tokenizer at %s (%s); estimating prompt tokens as chars/4", path, error)
+        return None
+
+
+def _prompt_text(body: Any) -> str | list[int]:
+    if isinstance(body, ChatCompletionRequest):
+        parts = []
+        for message in body.messages:
+            content = message.get("content") if isinstance(message, dict) else message.content
+            if isinstance(content, str):
+                parts.append(content)
+            elif content:
+                parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+        return "\n".join(parts)
+    prompt = getattr(body, "prompt", "")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(p if isinstance(p, str) else "" for p in prompt)
+    return prompt or ""
+
+
+class ClusterIngress(OpenAiIngress):
+    """OpenAI API over pools: chooses a pool per request (rule v1 in `cluster.routing`)."""
+
+    def __init__(
+        self,
+        pool_handles: dict[str, Any],
+        pools: list[PoolRef],
+        model_cards: dict[str, Any],
+        tokenizers: dict[str, str],
+        routing: RoutingConfig,
+        telemetry: TelemetryConfig,
+        app_name: str,
+    ):
+        self._pools = {pool.name: pool for pool in pools}
+        self._pool_of_role = {(pool.target, pool.role): pool for pool in pools}
+        self._pool_handles = {name: h.options(stream=True) for name, h in pool_handles.items()}
+        # Requests that bypass routing (embeddings, tokenize, ...) use the throughput pool.
+        default_pools = {
+            target: (self._pool_of_role.get((target, "throughput"))
+                     or self._pool_of_role[(target, "speculative")])
+            for target in model_cards
+        }
+        super().__init__(
+            llm_deployments={t: pool_handles[p.name] for t, p in default_pools.items()},
+            model_cards=model_cards,
+        )
+        self._routing = routing
+        self._app_name = app_name
+        self._tokenizers = {target: _load_tokenizer(path) for target, path in tokenizers.items()}
+        self._tracer = make_tracer_provider(telemetry).get_tracer(TRACER_NAME)
+        self._in_flight: Counter = Counter()
+        self._running_replicas: dict[str, int] = {name: 0 for name in self._pools}
+        self._status_task: asyncio.Task | None = None
+        self._status_ready = asyncio.Event()
+        self._decisions = metrics.Counter(
+            "cluster_routing_decisions",
+            description="Requests routed, by target, pool and reason.",
+            tag_keys=("target", "pool", "reason"),
+        )
+
+    # -- pool status ---------------------------------------------------------------------------
+
+    async def _refresh_pool_status(self) -> None:
+        while True:
+            try:
+                status = await asyncio.to_thread(serve.status)
+                app = status.applications.get(self._app_name)
+                for pool in self._pools.values():
+                    deployment = app.deployments.get(pool.deployment) if app else None
+                    states = deployment.replica_states if deployment else {}
+                    self._running_replicas[pool.name] = sum(
+                        n for state, n in states.items() if str(getattr(state, "value", state)) == "RUNNING"
+                    )
+            except Exception:
+                logger.exception("refreshing pool status failed; keeping the last known counts")
+            self._status_ready.set()
+            await asyncio.sleep(self._routing.pool_status_refresh_s)
+
+    async def _pool_loads(self) -> dict[str, PoolLoad]:
+        if self._status_task is None:
+            self._status_task = asyncio.create_task(self._refresh_pool_status())
+        await self._status_ready.wait()
+        return {
+            name: PoolLoad(self._running_replicas[name], self._in_flight[name])
+            for name in self._pools
+        }
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def _prompt_tokens(self, target: str, body: Any) -> int:
+        text = _prompt_text(body)
+        if isinstance(text, list):
+            return len(text)
+        tokenizer = self._tokenizers.get(target)
+        if tokenizer is None:
+            return len(text) // 4
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    async def _route(self, target: str, body: Any) -> tuple[PoolRef, Decision, int]:
+        prompt_tokens = self._prompt_tokens(target, body)
+        loads = await self._pool_loads()
+        spec = self._pool_of_role.get((target, "speculative"))
+        thr = self._pool_of_role.get((target, "throughput"))
+        decision = choose_pool(
+            prompt_tokens,
+            loads[spec.name] if spec else None,
+            loads[thr.name] if thr else None,
+            self._routing,
+        )
+        pool = self._pool_of_role[(target, decision.role)]
+        return pool, decision, prompt_tokens
+
+    # -- request path --------------------------------------------------------------------------
+
+    async def _process_llm_request(
+        self, body: Any, call_method: str, raw_request: Request | None = None
+    ) -> Response:
+        target = get_base_model_id(await self._get_model_id(body.model))
+        headers = raw_request.headers if raw_request is not None else {}
+        trace = RequestTrace(self._tracer, headers, call_method)
+        try:
+            pool, decision, prompt_tokens = await self._route(target, body)
+        except BaseException as error:
+            trace.finish(error)
+            raise
+        trace.record_route(pool.name, decision.reason.value, prompt_tokens)
+        self._decisions.inc(tags={"target": target, "pool": pool.name, "reason": decision.reason.value})
+        request_id = get_request_id(raw_request) if raw_request is not None else None
+        logger.info(
+            "route request=%s target=%s pool=%s reason=%s prompt_tokens=%d trace=%s",
+            request_id, target, pool.name, decision.reason.value, prompt_tokens, trace.trace_id,
+        )
+        call = _PoolCall(self._in_flight, pool, decision, trace)
+        token = _CURRENT_CALL.set(call)
+        try:
+            response = await super()._process_llm_request(body, call_method, raw_request)
+        except Exception as error:
+            call.finish(error)
+            failure = get_response_for_error(error, request_id or "")
+            return JSONResponse(
+                failure.model_dump(), status_code=failure.error.code, headers=call.headers
+            )
+        finally:
+            _CURRENT_CALL.reset(token)
+        response.headers.update(call.headers)
+        return response
+
+    def _get_configured_serve_handle(self, model_id: str):
+        call = _CURRENT_CALL.get()
+        if call is None:
+            return super()._get_configured_serve_handle(model_id)
+        return self._pool_handles[call.pool.name]
+
+    async def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None):
+        call = _CURRENT_CALL.get()
+        stream = super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
+        if call is None:
+            async for item in stream:
+                yield item
+            return
+        call.trace.start_pool_call(call.pool.name)
+        try:
+            async for item in stream:
+                call.observe(item)
+                yield item
+        except BaseException as error:  # includes the client going away mid-stream
+            call.finish(error)
+            raise
+        call.finish()
+
+    # -- health --------------------------------------------------------------------------------
+
+    async def healthz(self) -> JSONResponse:
+        """Liveness: the ingress answers."""
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self) -> JSONResponse:
+        """Readiness: every target has at least one pool with a running replica."""
+        loads = await self._pool_loads()
+        targets = {pool.target for pool in self._pools.values()}
+        ready = all(
+            any(loads[p.name].up for p in self._pools.values() if p.target == target)
+            for target in targets
+        )
+        body = {
+            "ready": ready,
+            "pools": {
+                name: {"running_replicas": load.running_replicas, "in_flight": load.in_flight}
+                for name, load in loads.items()
+            },
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+
+class _RequireJSON(BaseHTTPMiddleware):
+    """POST bodies of the API must be JSON; anything else is a 415 in OpenAI's error shape."""
+
+    async def dispatch(self, request: Request, call_next):
+        if request.method == "POST" and request.url.path.startswith("/v1/"):
+            content_type = request.headers.get("content-type", "")
+            if content_type.split(";")[0].strip().lower() != "application/json":
+                return JSONResponse(
+                    {
+                        "error": {
+                            "message": f"Content-Type must be application/json, got {content_type or 'none'!r}",
+                            "type": "invalid_request_error",
+                            "param": None,
+                            "code": 415,
+                        }
+                    },
+                    status_code=415,
+                )
+        return await call_next(request)
+
+
+def make_ingress_class(cls: type[ClusterIngress] = ClusterIngress) -> type:
+    """The FastAPI-wrapped Serve ingress class: OpenAI routes plus /healthz and /readyz."""
+    app = init()
+    app.add_middleware(_RequireJSON)
+    endpoints = {
+        **DEFAULT_ENDPOINTS,
+        "healthz": lambda app: app.get("/healthz"),
+        "readyz": lambda app: app.get("/readyz"),
+    }
+    return make_fastapi_ingress(cls, endpoint_map=endpoints, app=app)

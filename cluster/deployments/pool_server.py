@@ -1,0 +1,79 @@
+"""A pool replica: Ray Serve LLM's `LLMServer` running vLLM, reporting engine signals.
+
+The only additions to `LLMServer` are the stats hooks: the replica's running and waiting
+requests, KV cache usage and speculation counters reach Serve's request router
+(`record_routing_stats`) and custom autoscaling policies (`record_autoscaling_stats`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
+from ray.serve.llm import LLMServer
+from vllm.v1.metrics.loggers import AggregateStatLoggerBase
+
+from cluster.autoscale.signals import EngineStats
+
+
+class EngineStatsLogger(AggregateStatLoggerBase):
+    """A vLLM stat logger that keeps the latest scheduler state and cumulative counters."""
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int]):
+        self.stats = EngineStats()
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+        if scheduler_stats is not None:
+            self.stats.running = scheduler_stats.num_running_reqs
+            self.stats.waiting = scheduler_stats.num_waiting_reqs
+            self.stats.kv_cache_usage = scheduler_stats.kv_cache_usage
+            spec = scheduler_stats.spec_decoding_stats
+            if spec is not None:
+                self.stats.add_speculation(
+                    spec.num_drafts,
+                    spec.num_draft_tokens,
+                    spec.num_accepted_tokens,
+                    list(spec.num_accepted_tokens_per_pos),
+                )
+        if iteration_stats is not None:
+            self.stats.generation_tokens += iteration_stats.num_generation_tokens
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+class StatsVLLMEngine(VLLMEngine):
+    """Ray Serve LLM's vLLM engine with an `EngineStatsLogger` attached to the AsyncLLM."""
+
+    stats_logger: EngineStatsLogger | None = None
+
+    def _start_async_llm_engine(self, vllm_engine_args, vllm_engine_config, placement_group):
+        client = super()._start_async_llm_engine(
+            vllm_engine_args, vllm_engine_config, placement_group
+        )
+        if client.logger_manager is None:
+            raise RuntimeError("vLLM stats are disabled; pool engines need disable_log_stats=False")
+        self.stats_logger = EngineStatsLogger(vllm_engine_config, [0])
+        # AsyncLLM has no add_logger (vllm#17702); its manager keeps a plain list.
+        client.logger_manager.stat_loggers.append(self.stats_logger)
+        return client
+
+
+class PoolServer(LLMServer):
+    """`LLMServer` plus engine signals for routing and autoscaling."""
+
+    _default_engine_cls = StatsVLLMEngine
+
+    def engine_stats(self) -> EngineStats:
+        logger = getattr(self.engine, "stats_logger", None)
+        return logger.stats if logger is not None else EngineStats()
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        return {**await super().record_routing_stats(), **self.engine_stats().as_metrics()}
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        return self.engine_stats().as_metrics()
+
+    async def stats(self) -> dict[str, float]:
+        """Handle method for operators and benchmarks: this replica's signals."""
+        return self.engine_stats().as_metrics()

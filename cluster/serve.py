@@ -1,0 +1,88 @@
+"""`cluster serve`: start (or join) Ray, deploy the application, wait until it answers, and
+shut down cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from cluster.config import ClusterConfig
+
+READY_TIMEOUT_S = 900
+
+
+def _wait_ready(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
+def _sigterm_as_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def serve_config(config: ClusterConfig, address: str | None = None) -> int:
+    """Deploy `config` and block until interrupted. Returns the process exit code."""
+    from cluster.models import prepare_config_models
+
+    started = time.monotonic()
+    prepare_config_models(config)
+
+    import ray
+    from ray import serve
+
+    from cluster.deployments.app import build_app
+
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(
+            num_cpus=config.ray.num_cpus,
+            include_dashboard=config.ray.include_dashboard,
+            dashboard_host="127.0.0.1",
+            log_to_driver=False,
+        )
+    logs = ray._private.worker.global_worker.node.get_logs_dir_path()  # noqa: SLF001
+    base = f"http://{config.server.host}:{config.server.port}"
+    try:
+        serve.start(http_options={"host": config.server.host, "port": config.server.port})
+        print(f"deploying {config.server.app_name!r}: pools "
+              f"{', '.join(p.name for p in config.pools)} (logs: {logs}/serve)", flush=True)
+        serve.run(build_app(config), name=config.server.app_name, route_prefix="/")
+        _wait_ready(f"{base}/readyz", READY_TIMEOUT_S)
+        model = config.targets[0].id
+        print(
+            f"\nready in {time.monotonic() - started:.1f}s: {base}/v1 "
+            f"(dashboard http://127.0.0.1:8265)\n\n"
+            f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+            f"    -d '{{\"model\": \"{model}\", \"messages\": "
+            f"[{{\"role\": \"user\", \"content\": \"Say hello\"}}], \"max_tokens\": 32}}'\n\n"
+            f"Ctrl-C to stop.",
+            flush=True,
+        )
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("\nshutting down", flush=True)
+        return 0
+    except Exception as error:  # deployment failures: one clear line, then clean up
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if address:
+            serve.delete(config.server.app_name)
+        else:
+            serve.shutdown()
+        ray.shutdown()

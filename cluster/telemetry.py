@@ -1,0 +1,101 @@
+"""OpenTelemetry tracing of the request path.
+
+Each request gets a `cluster.request` span (continuing the caller's W3C `traceparent` when there
+is one) with two children: `cluster.route` (the pool choice) and `cluster.pool_call` (the call
+into the pool, ended when the last token has been streamed). Spans are exported over OTLP/HTTP
+when `telemetry.otlp_endpoint` is set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from cluster.config import TelemetryConfig
+
+TRACER_NAME = "cluster.ingress"
+_propagator = TraceContextTextMapPropagator()
+
+
+def make_tracer_provider(
+    config: TelemetryConfig, extra_processors: tuple[SpanProcessor, ...] = ()
+) -> TracerProvider:
+    """A provider exporting to `config.otlp_endpoint` (if set) plus any extra processors."""
+    provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
+    if config.otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=config.otlp_endpoint)
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter, schedule_delay_millis=config.export_delay_ms)
+        )
+    for processor in extra_processors:
+        provider.add_span_processor(processor)
+    return provider
+
+
+class RequestTrace:
+    """The spans of one request. `finish` is idempotent: streaming, non-streaming and error
+    paths all end the spans exactly once, wherever they end."""
+
+    def __init__(self, tracer: trace.Tracer, headers: Mapping[str, str], endpoint: str):
+        parent = _propagator.extract(carrier=dict(headers))
+        self.root: Span = tracer.start_span(
+            "cluster.request", context=parent, kind=trace.SpanKind.SERVER,
+            attributes={"cluster.endpoint": endpoint},
+        )
+        self._tracer = tracer
+        self._context = trace.set_span_in_context(self.root, parent)
+        self._pool_call: Span | None = None
+        self._started = time.monotonic()
+        self._first_token_at: float | None = None
+        self.output_tokens = 0
+        self.finished = False
+
+    @property
+    def trace_id(self) -> str:
+        return format(self.root.get_span_context().trace_id, "032x")
+
+    def child(self, name: str, **attributes) -> Span:
+        return self._tracer.start_span(name, context=self._context, attributes=attributes)
+
+    def record_route(self, pool: str, reason: str, prompt_tokens: int) -> None:
+        attributes = {
+            "cluster.pool": pool,
+            "cluster.route_reason": reason,
+            "cluster.prompt_tokens": prompt_tokens,
+        }
+        self.root.set_attributes(attributes)
+        span = self.child("cluster.route", **attributes)
+        span.end()
+
+    def start_pool_call(self, pool: str) -> None:
+        self._pool_call = self.child("cluster.pool_call", **{"cluster.pool": pool})
+
+    def first_output(self) -> None:
+        if self._first_token_at is None:
+            self._first_token_at = time.monotonic()
+
+    def finish(self, error: BaseException | str | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        attributes: dict[str, float | int] = {"cluster.output_tokens": self.output_tokens}
+        if self._first_token_at is not None:
+            attributes["cluster.ttft_ms"] = (self._first_token_at - self._started) * 1000
+        for span in (self._pool_call, self.root):
+            if span is None:
+                continue
+            span.set_attributes(attributes)
+            if error is not None:
+                span.set_status(Status(StatusCode.ERROR, str(error)))
+                if isinstance(error, BaseException):
+                    span.record_exception(error)
+            span.end()

@@ -12,9 +12,12 @@ from cluster.config import DEFAULT_CONFIG, ConfigError, load_config
 def _config_arg(parser: argparse.ArgumentParser, required: bool) -> None:
     kwargs = {} if required else {"nargs": "?", "default": None}
     parser.add_argument(
-        "file", metavar="FILE", **kwargs,
+        "file",
+        metavar="FILE",
+        **kwargs,
         help=f"cluster YAML (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent)})"
-        if not required else "cluster YAML",
+        if not required
+        else "cluster YAML",
     )
 
 
@@ -61,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser(
-        "serve", help="deploy a cluster YAML and serve the OpenAI API until Ctrl-C",
+        "serve",
+        help="deploy a cluster YAML and serve the OpenAI API until Ctrl-C",
         description="Start a local Ray (or join one with --address), deploy one Serve "
         "deployment per pool plus the routing ingress, wait until it answers, print the URL. "
         "Embedded models are prepared first.",

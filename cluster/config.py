@@ -194,7 +194,8 @@ class PoolConfig(_Strict):
     """Ray placement strategy of a replica's bundles; STRICT_PACK keeps TP on one NVLink node."""
 
     cpus_per_replica: float = Field(default=1, gt=0)
-    """Logical CPUs of the replica's engine bundle (the replica actor adds one more)."""
+    """Logical CPUs of the replica's engine (on GPU: on its first GPU bundle); the Serve
+    replica actor adds one more."""
 
     max_ongoing_requests: int = Field(default=64, ge=1)
     """Requests Serve lets into one replica at once (beyond that they queue in Serve)."""
@@ -365,7 +366,9 @@ def _format_errors(source: str, error: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_config(data: Any, source: str = "<config>", base_dir: Path | None = None) -> ClusterConfig:
+def parse_config(
+    data: Any, source: str = "<config>", base_dir: Path | None = None
+) -> ClusterConfig:
     """Validate already-loaded YAML data; raises ConfigError naming `source` and field paths."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
@@ -389,5 +392,7 @@ def load_config(path: str | Path | None = None) -> ClusterConfig:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
-        raise ConfigError(f"{path}: {where}: invalid YAML: {getattr(error, 'problem', error)}") from None
+        raise ConfigError(
+            f"{path}: {where}: invalid YAML: {getattr(error, 'problem', error)}"
+        ) from None
     return parse_config(data, str(path), path.resolve().parent)

@@ -11,12 +11,12 @@ goes to the throughput pool. If one pool has no running replica, the other takes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from cluster.config import RoutingConfig
 
 
-class Reason(str, Enum):
+class Reason(StrEnum):
     """Why a pool was chosen; the value is what `x-cluster-route-reason` carries."""
 
     LONG_CONTEXT = "long_context"

@@ -58,8 +58,11 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
     base = f"http://{config.server.host}:{config.server.port}"
     try:
         serve.start(http_options={"host": config.server.host, "port": config.server.port})
-        print(f"deploying {config.server.app_name!r}: pools "
-              f"{', '.join(p.name for p in config.pools)} (logs: {logs}/serve)", flush=True)
+        print(
+            f"deploying {config.server.app_name!r}: pools "
+            f"{', '.join(p.name for p in config.pools)} (logs: {logs}/serve)",
+            flush=True,
+        )
         serve.run(build_app(config), name=config.server.app_name, route_prefix="/")
         _wait_ready(f"{base}/readyz", READY_TIMEOUT_S)
         model = config.targets[0].id
@@ -67,14 +70,15 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
             f"\nready in {time.monotonic() - started:.1f}s: {base}/v1 "
             f"(dashboard http://127.0.0.1:8265)\n\n"
             f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-            f"    -d '{{\"model\": \"{model}\", \"messages\": "
-            f"[{{\"role\": \"user\", \"content\": \"Say hello\"}}], \"max_tokens\": 32}}'\n\n"
+            f'    -d \'{{"model": "{model}", "messages": '
+            f'[{{"role": "user", "content": "Say hello"}}], "max_tokens": 32}}\'\n\n'
             f"Ctrl-C to stop.",
             flush=True,
         )
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip cleanup
         print("\nshutting down", flush=True)
         return 0
     except Exception as error:  # deployment failures: one clear line, then clean up

@@ -48,7 +48,9 @@ class RequestTrace:
     def __init__(self, tracer: trace.Tracer, headers: Mapping[str, str], endpoint: str):
         parent = _propagator.extract(carrier=dict(headers))
         self.root: Span = tracer.start_span(
-            "cluster.request", context=parent, kind=trace.SpanKind.SERVER,
+            "cluster.request",
+            context=parent,
+            kind=trace.SpanKind.SERVER,
             attributes={"cluster.endpoint": endpoint},
         )
         self._tracer = tracer

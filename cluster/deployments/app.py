@@ -19,11 +19,6 @@ def pool_deployment_name(pool: PoolConfig) -> str:
     return f"pool-{pool.name}"
 
 
-def pool_model_id(pool: PoolConfig) -> str:
-    """Internal model id of a pool's engine; clients address the target id instead."""
-    return f"{pool.target}@{pool.name}"
-
-
 def speculative_config(config: ClusterConfig, pool: PoolConfig) -> dict[str, Any] | None:
     """vLLM's `speculative_config` for a pool (None = no speculation)."""
     spec = pool.speculation
@@ -75,7 +70,9 @@ def _placement(target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
     if target.accelerator_type is None:
         bundles = [{"CPU": pool.cpus_per_replica}]
     else:
-        bundles = [{"GPU": 1} for _ in range(target.accelerators_per_replica)]
+        # The engine's host-side CPUs ride on the first GPU bundle (the driver worker's).
+        bundles = [{"GPU": 1, "CPU": pool.cpus_per_replica}]
+        bundles += [{"GPU": 1} for _ in range(target.accelerators_per_replica - 1)]
     return {"bundles": bundles, "strategy": pool.placement_strategy}
 
 
@@ -83,7 +80,7 @@ def _runtime_env(target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
     env = {}
     if target.accelerator_type is None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.engine.cpu_kvcache_space_gib)
-    if target.is_embedded or not ("://" in target.source):
+    if target.is_embedded or "://" not in target.source:
         env["HF_HUB_OFFLINE"] = "1"  # local weights: never reach for a hub
     return {"env_vars": env} if env else {}
 
@@ -104,7 +101,9 @@ def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, A
     }
     llm_config = {
         "model_loading_config": {
-            "model_id": pool_model_id(pool),
+            # Every pool of a target serves it under the target id, so requests pass through
+            # unchanged and responses name the model the client asked for.
+            "model_id": target.id,
             "model_source": local_model_path(config, target),
         },
         "engine_kwargs": engine_kwargs(config, target, pool),
@@ -169,7 +168,9 @@ def build_app(config: ClusterConfig):
         pool_refs.append(PoolRef(pool.name, pool.target, pool.role, pool_deployment_name(pool)))
         model_cards.setdefault(pool.target, to_model_metadata(pool.target, llm_config))
     tokenizers = {
-        t.id: local_model_path(config, t) if t.tokenizer is None else config.resolve_path(t.tokenizer)
+        t.id: local_model_path(config, t)
+        if t.tokenizer is None
+        else config.resolve_path(t.tokenizer)
         for t in config.targets
     }
     ingress_cls = make_ingress_class(ClusterIngress)

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 from ray import serve
 from ray.llm._internal.common.utils.lora_utils import get_base_model_id
 from ray.llm._internal.serve.core.configs.openai_api_models import (
@@ -33,13 +33,12 @@ from ray.llm._internal.serve.core.ingress.ingress import (
 )
 from ray.llm._internal.serve.core.ingress.middleware import get_request_id
 from ray.llm._internal.serve.core.ingress.utils import NON_STREAMING_RESPONSE_TYPES
-from ray.llm._internal.serve.utils.server_utils import get_response_for_error
 from ray.serve import metrics
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.responses import JSONResponse, Response
 
 from cluster.config import RoutingConfig, TelemetryConfig
-from cluster.routing import Decision, PoolLoad, Reason, choose_pool
+from cluster.routing import Decision, PoolLoad, choose_pool
 from cluster.telemetry import TRACER_NAME, RequestTrace, make_tracer_provider
 
 logger = logging.getLogger("ray.serve")
@@ -112,6 +111,23 @@ def _stream_tokens(chunk: Any, counted: int) -> int:
     return counted + 1 if has_output else counted
 
 
+def openai_error(
+    status_code: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`."""
+    error_type = "invalid_request_error" if status_code < 500 else "server_error"
+    body = {"error": {"message": message, "type": error_type, "param": None, "code": status_code}}
+    return JSONResponse(body, status_code=status_code, headers=headers)
+
+
+def _error_status_and_message(error: Exception) -> tuple[int, str]:
+    if isinstance(error, OpenAIHTTPException):
+        return error.status_code, error.message
+    if isinstance(error, HTTPException):
+        return error.status_code, str(error.detail)
+    return 500, "Internal Server Error"
+
+
 _CURRENT_CALL: contextvars.ContextVar[_PoolCall | None] = contextvars.ContextVar(
     "cluster_pool_call", default=None
 )
@@ -163,8 +179,10 @@ class ClusterIngress(OpenAiIngress):
         self._pool_handles = {name: h.options(stream=True) for name, h in pool_handles.items()}
         # Requests that bypass routing (embeddings, tokenize, ...) use the throughput pool.
         default_pools = {
-            target: (self._pool_of_role.get((target, "throughput"))
-                     or self._pool_of_role[(target, "speculative")])
+            target: (
+                self._pool_of_role.get((target, "throughput"))
+                or self._pool_of_role[(target, "speculative")]
+            )
             for target in model_cards
         }
         super().__init__(
@@ -196,7 +214,9 @@ class ClusterIngress(OpenAiIngress):
                     deployment = app.deployments.get(pool.deployment) if app else None
                     states = deployment.replica_states if deployment else {}
                     self._running_replicas[pool.name] = sum(
-                        n for state, n in states.items() if str(getattr(state, "value", state)) == "RUNNING"
+                        n
+                        for state, n in states.items()
+                        if str(getattr(state, "value", state)) == "RUNNING"
                     )
             except Exception:
                 logger.exception("refreshing pool status failed; keeping the last known counts")
@@ -251,11 +271,18 @@ class ClusterIngress(OpenAiIngress):
             trace.finish(error)
             raise
         trace.record_route(pool.name, decision.reason.value, prompt_tokens)
-        self._decisions.inc(tags={"target": target, "pool": pool.name, "reason": decision.reason.value})
+        self._decisions.inc(
+            tags={"target": target, "pool": pool.name, "reason": decision.reason.value}
+        )
         request_id = get_request_id(raw_request) if raw_request is not None else None
         logger.info(
             "route request=%s target=%s pool=%s reason=%s prompt_tokens=%d trace=%s",
-            request_id, target, pool.name, decision.reason.value, prompt_tokens, trace.trace_id,
+            request_id,
+            target,
+            pool.name,
+            decision.reason.value,
+            prompt_tokens,
+            trace.trace_id,
         )
         call = _PoolCall(self._in_flight, pool, decision, trace)
         token = _CURRENT_CALL.set(call)
@@ -263,10 +290,10 @@ class ClusterIngress(OpenAiIngress):
             response = await super()._process_llm_request(body, call_method, raw_request)
         except Exception as error:
             call.finish(error)
-            failure = get_response_for_error(error, request_id or "")
-            return JSONResponse(
-                failure.model_dump(), status_code=failure.error.code, headers=call.headers
-            )
+            status_code, message = _error_status_and_message(error)
+            if status_code >= 500:
+                logger.exception("pool %s failed request %s", pool.name, request_id)
+            return openai_error(status_code, message, headers=call.headers)
         finally:
             _CURRENT_CALL.reset(token)
         response.headers.update(call.headers)
@@ -326,16 +353,8 @@ class _RequireJSON(BaseHTTPMiddleware):
         if request.method == "POST" and request.url.path.startswith("/v1/"):
             content_type = request.headers.get("content-type", "")
             if content_type.split(";")[0].strip().lower() != "application/json":
-                return JSONResponse(
-                    {
-                        "error": {
-                            "message": f"Content-Type must be application/json, got {content_type or 'none'!r}",
-                            "type": "invalid_request_error",
-                            "param": None,
-                            "code": 415,
-                        }
-                    },
-                    status_code=415,
+                return openai_error(
+                    415, f"Content-Type must be application/json, got {content_type or 'none'!r}"
                 )
         return await call_next(request)
 
@@ -344,6 +363,12 @@ def make_ingress_class(cls: type[ClusterIngress] = ClusterIngress) -> type:
     """The FastAPI-wrapped Serve ingress class: OpenAI routes plus /healthz and /readyz."""
     app = init()
     app.add_middleware(_RequireJSON)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+        # FastAPI's default is `{"detail": ...}`; OpenAI clients expect `{"error": {...}}`.
+        return openai_error(error.status_code, str(error.detail))
+
     endpoints = {
         **DEFAULT_ENDPOINTS,
         "healthz": lambda app: app.get("/healthz"),

@@ -1,0 +1,204 @@
+"""The embedded cluster through its HTTP API, with the official `openai` client."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+pytestmark = pytest.mark.e2e
+
+SHORT = [{"role": "user", "content": "Name one prime number."}]
+
+
+def long_code_prompt(chars: int = 8000) -> str:
+    """Real standard-library source, well over 1,500 tokens."""
+    source = Path(sysconfig.get_paths()["stdlib"], "argparse.py").read_text()
+    return "Continue this Python module:\n\n" + source[:chars]
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    return openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_target_not_the_pools(client, cluster):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [cluster.model]
+
+
+def test_chat_non_streaming(client, cluster):
+    raw = client.chat.completions.with_raw_response.create(
+        model=cluster.model, messages=SHORT, max_tokens=16, temperature=0
+    )
+    response = raw.parse()
+    assert response.model == cluster.model
+    assert response.choices[0].message.content.strip()
+    assert response.usage.completion_tokens > 0
+    assert raw.headers["x-cluster-pool"] == "throughput"
+    assert raw.headers["x-cluster-route-reason"] == "short_prompt"
+
+
+def test_chat_streaming(client, cluster):
+    stream = client.chat.completions.create(
+        model=cluster.model, messages=SHORT, max_tokens=16, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text.strip()
+
+
+def test_completions_non_streaming_and_streaming(client, cluster):
+    done = client.completions.create(model=cluster.model, prompt="def add(a, b):", max_tokens=12)
+    assert done.choices[0].text and done.usage.completion_tokens > 0
+    stream = client.completions.create(
+        model=cluster.model, prompt="def add(a, b):", max_tokens=12, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream).strip()
+
+
+def test_long_prompt_goes_to_speculative_pool_short_to_throughput(client, cluster):
+    raw = client.chat.completions.with_raw_response.create(
+        model=cluster.model,
+        messages=[{"role": "user", "content": long_code_prompt()}],
+        max_tokens=32,
+    )
+    assert raw.parse().usage.prompt_tokens >= 1500
+    assert raw.headers["x-cluster-pool"] == "speculative"
+    assert raw.headers["x-cluster-route-reason"] == "long_context"
+
+    raw = client.completions.with_raw_response.create(
+        model=cluster.model, prompt="x = 1", max_tokens=4
+    )
+    assert raw.headers["x-cluster-pool"] == "throughput"
+
+
+def test_speculative_pool_reports_speculation_stats(client, cluster):
+    import ray
+    from ray import serve
+
+    client.completions.create(
+        model=cluster.model, prompt=long_code_prompt(), max_tokens=48, temperature=0
+    )
+    ray.init(address="auto", log_to_driver=False)
+    try:
+        spec = serve.get_deployment_handle("pool-speculative", app_name="cluster")
+        thr = serve.get_deployment_handle("pool-throughput", app_name="cluster")
+        spec_stats = spec.stats.remote().result(timeout_s=30)
+        thr_stats = thr.stats.remote().result(timeout_s=30)
+    finally:
+        ray.shutdown()
+    assert spec_stats["spec_drafts"] > 0
+    assert spec_stats["spec_draft_tokens"] >= spec_stats["spec_drafts"]
+    assert spec_stats["mean_acceptance_length"] >= 1.0
+    assert spec_stats["generation_tokens"] >= 48
+    assert "spec_accepted_pos_0" in spec_stats
+    assert thr_stats["spec_drafts"] == 0 and thr_stats["generation_tokens"] > 0
+
+
+def test_sixteen_concurrent_short_requests_all_succeed(client, cluster):
+    def one(i: int) -> str:
+        response = client.chat.completions.create(
+            model=cluster.model,
+            messages=[{"role": "user", "content": f"Write the number {i} in words."}],
+            max_tokens=12,
+        )
+        return response.choices[0].message.content
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, range(16)))
+    assert len(answers) == 16 and all(a.strip() for a in answers)
+
+
+def _post(cluster, path: str, data, content_type: str = "application/json"):
+    body = data if isinstance(data, str) else json.dumps(data)
+    return requests.post(
+        f"{cluster.base_url}{path}", data=body, headers={"Content-Type": content_type}, timeout=120
+    )
+
+
+def _bad_inputs(model: str) -> dict:
+    chat = "/v1/chat/completions"
+    return {
+        "malformed json": (chat, '{"model": "x", "messages": [', "application/json", 400),
+        "missing messages": (chat, {"model": model}, "application/json", 400),
+        "unknown model": (chat, {"model": "gpt-9", "messages": SHORT}, "application/json", 404),
+        "negative max_tokens": (
+            chat, {"model": model, "messages": SHORT, "max_tokens": -5}, "application/json", 400,
+        ),
+        "prompt longer than max_model_len": (
+            "/v1/completions",
+            {"model": model, "prompt": long_code_prompt(200_000), "max_tokens": 4},
+            "application/json",
+            400,
+        ),
+        "wrong content type": (chat, "hello", "text/plain", 415),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["malformed json", "missing messages", "unknown model", "negative max_tokens",
+     "prompt longer than max_model_len", "wrong content type"],
+)
+def test_bad_input_gets_openai_style_4xx(cluster, case):
+    path, data, content_type, status = _bad_inputs(cluster.model)[case]
+    response = _post(cluster, path, data, content_type)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["type"], error
+
+
+def test_server_still_serves_after_bad_input(client, cluster):
+    for path, data, content_type, _ in _bad_inputs(cluster.model).values():
+        _post(cluster, path, data, content_type)
+    response = client.chat.completions.create(model=cluster.model, messages=SHORT, max_tokens=8)
+    assert response.choices[0].message.content
+
+
+def test_span_tree_exported_over_otlp(cluster):
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    parent = "b7ad6b7169203331"
+    response = requests.post(
+        f"{cluster.base_url}/v1/chat/completions",
+        json={"model": cluster.model, "messages": SHORT, "max_tokens": 8},
+        headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+        timeout=120,
+    )
+    assert response.status_code == 200
+    assert response.headers["x-cluster-trace-id"] == trace_id
+    deadline = time.monotonic() + 30
+    while len(spans := cluster.otlp.spans_of_trace(trace_id)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    by_name = {s.name: s for s in spans}
+    assert set(by_name) == {"cluster.request", "cluster.route", "cluster.pool_call"}
+    root = by_name["cluster.request"]
+    assert root.parent_span_id.hex() == parent
+    assert by_name["cluster.route"].parent_span_id == root.span_id
+    assert by_name["cluster.pool_call"].parent_span_id == root.span_id
+    attributes = {a.key: a.value for a in root.attributes}
+    assert attributes["cluster.pool"].string_value == "throughput"
+    assert attributes["cluster.output_tokens"].int_value > 0
+    assert attributes["cluster.ttft_ms"].double_value > 0
+
+
+def test_routing_decisions_are_logged(cluster):
+    import glob
+
+    logs = glob.glob("/tmp/ray/session_latest/logs/serve/replica_cluster_ingress_*.log")
+    text = "".join(Path(p).read_text() for p in logs)
+    assert "route request=" in text and "pool=speculative reason=long_context" in text
+
+
+def test_health_and_readiness(cluster):
+    assert requests.get(f"{cluster.base_url}/healthz", timeout=10).json() == {"status": "ok"}
+    ready = requests.get(f"{cluster.base_url}/readyz", timeout=10).json()
+    assert ready["ready"] is True
+    assert {p: s["running_replicas"] for p, s in ready["pools"].items()} == {
+        "speculative": 1, "throughput": 1,
+    }

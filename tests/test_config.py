@@ -1,0 +1,154 @@
+"""Configuration: presets load, and every bad case gives one line naming file and field."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster.cli import main
+from cluster.config import ConfigError, load_config, parse_config
+from cluster.deployments.app import render
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+PRESETS = sorted(CONFIGS.glob("*.yaml"))
+
+
+def embedded_data() -> dict:
+    return yaml.safe_load((CONFIGS / "embedded.yaml").read_text())
+
+
+def test_both_presets_exist():
+    names = {p.name for p in PRESETS}
+    assert {"embedded.yaml", "kimi-k2.6-nvfp4-p6-b200.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_presets_load_and_render(path):
+    config = load_config(path)
+    rendered = render(config)
+    assert set(rendered["pools"]) == {p.name for p in config.pools}
+    roles = {p.role for p in config.pools}
+    assert roles == {"speculative", "throughput"}
+
+
+def test_kimi_preset_is_tp8_strict_pack_on_b200_with_eagle3():
+    config = load_config(CONFIGS / "kimi-k2.6-nvfp4-p6-b200.yaml")
+    rendered = render(config)["pools"]
+    for pool in rendered.values():
+        llm = pool["llm_config"]
+        assert llm["accelerator_type"] == "B200"
+        assert llm["engine_kwargs"]["tensor_parallel_size"] == 8
+        assert llm["placement_group_config"]["strategy"] == "STRICT_PACK"
+        assert sum(b.get("GPU", 0) for b in llm["placement_group_config"]["bundles"]) == 8
+    spec = rendered["speculative"]["llm_config"]["engine_kwargs"]["speculative_config"]
+    assert spec["method"] == "eagle3" and spec["num_speculative_tokens"] == 5
+    assert "speculative_config" not in rendered["throughput"]["llm_config"]["engine_kwargs"]
+
+
+def test_rendered_llm_configs_are_accepted_by_ray_serve_llm():
+    from ray.serve.llm import LLMConfig
+
+    for path in PRESETS:
+        for pool in render(load_config(path))["pools"].values():
+            LLMConfig(**pool["llm_config"])
+
+
+def _error(data: dict, source: str = "bad.yaml") -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, source)
+    return str(caught.value)
+
+
+def _mutate(path: str, value):
+    data = embedded_data()
+    keys = path.split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node[int(key)] if key.isdigit() else node.setdefault(key, {})
+    node[keys[-1]] = value
+    return data
+
+
+BAD_CASES = {
+    "unknown key": (_mutate("routing.long_context_tokns", 5), "routing.long_context_tokns"),
+    "unknown pool target": (_mutate("pools.0.target", "gpt-9"), "pools[0].target"),
+    "drafter with ngram": (
+        _mutate("pools.0.speculation.drafter", "drafters/x"),
+        "pools[0].speculation.drafter",
+    ),
+    "too many speculative tokens": (
+        _mutate("pools.0.speculation.num_speculative_tokens", 17),
+        "pools[0].speculation.num_speculative_tokens",
+    ),
+    "zero speculative tokens": (
+        _mutate("pools.0.speculation.num_speculative_tokens", 0),
+        "pools[0].speculation.num_speculative_tokens",
+    ),
+    "speculative pool without speculation": (
+        _mutate("pools.0.speculation", {"method": "none"}),
+        "pools[0].speculation.method",
+    ),
+    "eagle3 without drafter": (
+        _mutate("pools.0.speculation", {"method": "eagle3", "num_speculative_tokens": 3}),
+        "pools[0].speculation.drafter",
+    ),
+    "tensor parallel on cpu": (_mutate("targets.0.tensor_parallel_size", 2), "targets[0]"),
+    "wrong type": (_mutate("server.port", "eighty"), "server.port"),
+    "min above max replicas": (
+        _mutate("pools.1.autoscaling", {"min_replicas": 3, "max_replicas": 2}),
+        "pools[1].autoscaling.min_replicas",
+    ),
+    "duplicate pool name": (_mutate("pools.1.name", "speculative"), "pools[1].name"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=list(BAD_CASES))
+def test_bad_config_gives_one_line_naming_file_and_field(case):
+    data, field = BAD_CASES[case]
+    message = _error(data)
+    assert "\n" not in message, message
+    assert message.startswith("bad.yaml: "), message
+    assert field in message, message
+
+
+def test_tp_beyond_one_node_cannot_strict_pack():
+    data = yaml.safe_load((CONFIGS / "kimi-k2.6-nvfp4-p6-b200.yaml").read_text())
+    data["targets"][0]["tensor_parallel_size"] = 16
+    message = _error(data)
+    assert "targets[0].tensor_parallel_size" in message and "STRICT_PACK" in message
+
+
+def test_cli_validate_reports_errors_with_exit_code(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_mutate("pools.0.target", "gpt-9")))
+    assert main(["config", "validate", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"{bad}: pools[0].target: unknown target 'gpt-9'")
+
+
+def test_invalid_yaml_and_missing_file_name_the_file(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("targets: [\n  - id: x\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: line \d+: invalid YAML"):
+        load_config(broken)
+    with pytest.raises(ConfigError, match="missing.yaml: cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path):
+    data = _mutate("pools.0.speculation", {
+        "method": "eagle3", "drafter": "drafters/mine", "num_speculative_tokens": 3})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    rendered = render(load_config(path))
+    spec = rendered["pools"]["speculative"]["llm_config"]["engine_kwargs"]["speculative_config"]
+    assert spec["model"] == str(tmp_path / "drafters" / "mine")
+
+
+def test_cli_render_prints_what_will_be_deployed(capsys):
+    assert main(["config", "render", str(CONFIGS / "embedded.yaml")]) == 0
+    rendered = yaml.safe_load(capsys.readouterr().out)
+    spec = rendered["pools"]["speculative"]["llm_config"]
+    assert spec["engine_kwargs"]["speculative_config"]["method"] == "ngram"
+    assert spec["placement_group_config"]["bundles"] == [{"CPU": 1}]
+    assert spec["deployment_config"]["autoscaling_config"]["min_replicas"] == 1

@@ -134,6 +134,11 @@ class EngineConfig(_Strict):
     cpu_kvcache_space_gib: int = Field(default=2, ge=1)
     """CPU only: KV cache size in GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
 
+    cpu_omp_threads_bind: str | None = None
+    """CPU only: cores the engine's OpenMP threads bind to (`VLLM_CPU_OMP_THREADS_BIND`, e.g.
+    `0` or `0-3`); None = vLLM's `auto`, which reserves a core and binds the rest. Give pools
+    sharing a machine disjoint cores so their threads do not contend."""
+
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, passed through unchanged."""
 

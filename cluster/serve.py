@@ -44,7 +44,6 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
 
     from cluster.deployments.app import build_app
 
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
@@ -54,8 +53,13 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
             dashboard_host="127.0.0.1",
             log_to_driver=False,
         )
+    # After ray.init, which installs its own SIGTERM handler. Background shells start us with
+    # SIGINT ignored; Ctrl-C and SIGTERM must both reach the cleanup below.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     logs = ray._private.worker.global_worker.node.get_logs_dir_path()  # noqa: SLF001
-    base = f"http://{config.server.host}:{config.server.port}"
+    host = "127.0.0.1" if config.server.host in ("0.0.0.0", "::") else config.server.host
+    base = f"http://{host}:{config.server.port}"
     try:
         serve.start(http_options={"host": config.server.host, "port": config.server.port})
         print(

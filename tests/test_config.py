@@ -136,8 +136,10 @@ def test_invalid_yaml_and_missing_file_name_the_file(tmp_path):
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path):
-    data = _mutate("pools.0.speculation", {
-        "method": "eagle3", "drafter": "drafters/mine", "num_speculative_tokens": 3})
+    data = _mutate(
+        "pools.0.speculation",
+        {"method": "eagle3", "drafter": "drafters/mine", "num_speculative_tokens": 3},
+    )
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data))
     rendered = render(load_config(path))

@@ -80,6 +80,8 @@ def _runtime_env(target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
     env = {}
     if target.accelerator_type is None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.engine.cpu_kvcache_space_gib)
+        if pool.engine.cpu_omp_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = pool.engine.cpu_omp_threads_bind
     if target.is_embedded or "://" not in target.source:
         env["HF_HUB_OFFLINE"] = "1"  # local weights: never reach for a hub
     return {"env_vars": env} if env else {}

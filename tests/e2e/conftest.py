@@ -50,7 +50,9 @@ def cluster(tmp_path_factory):
         with open(log, "w") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "cluster", "serve", str(config_path)],
-                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
             )
         base_url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + START_TIMEOUT_S

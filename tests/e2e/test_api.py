@@ -129,7 +129,10 @@ def _bad_inputs(model: str) -> dict:
         "missing messages": (chat, {"model": model}, "application/json", 400),
         "unknown model": (chat, {"model": "gpt-9", "messages": SHORT}, "application/json", 404),
         "negative max_tokens": (
-            chat, {"model": model, "messages": SHORT, "max_tokens": -5}, "application/json", 400,
+            chat,
+            {"model": model, "messages": SHORT, "max_tokens": -5},
+            "application/json",
+            400,
         ),
         "prompt longer than max_model_len": (
             "/v1/completions",
@@ -143,8 +146,14 @@ def _bad_inputs(model: str) -> dict:
 
 @pytest.mark.parametrize(
     "case",
-    ["malformed json", "missing messages", "unknown model", "negative max_tokens",
-     "prompt longer than max_model_len", "wrong content type"],
+    [
+        "malformed json",
+        "missing messages",
+        "unknown model",
+        "negative max_tokens",
+        "prompt longer than max_model_len",
+        "wrong content type",
+    ],
 )
 def test_bad_input_gets_openai_style_4xx(cluster, case):
     path, data, content_type, status = _bad_inputs(cluster.model)[case]
@@ -200,5 +209,6 @@ def test_health_and_readiness(cluster):
     ready = requests.get(f"{cluster.base_url}/readyz", timeout=10).json()
     assert ready["ready"] is True
     assert {p: s["running_replicas"] for p, s in ready["pools"].items()} == {
-        "speculative": 1, "throughput": 1,
+        "speculative": 1,
+        "throughput": 1,
     }

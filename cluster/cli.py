@@ -7,6 +7,7 @@ import json
 import sys
 
 from cluster.config import DEFAULT_CONFIG, ConfigError, load_config
+from cluster.storage import StorageError
 
 
 def _config_arg(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -55,6 +56,33 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_push(args: argparse.Namespace) -> int:
+    from cluster import storage
+
+    client = storage.s3_client(args.endpoint_url, args.workers)
+    manifest = storage.push(args.local_dir, args.uri, client=client, workers=args.workers)
+    print(f"pushed {len(manifest)} files to {args.uri} (manifest {storage.MANIFEST})")
+    return 0
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from cluster import storage
+
+    client = storage.s3_client(args.endpoint_url, args.workers)
+    path = storage.pull(args.uri, args.local_dir, client=client, workers=args.workers)
+    print(f"ready: {path}")
+    return 0
+
+
+def _transfer_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--endpoint-url", help="S3-compatible endpoint (default: AWS, or $AWS_ENDPOINT_URL_S3)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=16, help="parallel part transfers per file (default 16)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cluster",
@@ -90,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--format", choices=("yaml", "json"), default="yaml")
     render.set_defaults(func=_cmd_render)
 
-    models = commands.add_parser("models", help="model weights: prepare the embedded model")
+    models = commands.add_parser(
+        "models", help="model weights: prepare the embedded model, push/pull checkpoints to S3"
+    )
     model_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     prepare = model_commands.add_parser(
         "prepare",
@@ -99,6 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("--config", help="prepare the embedded models this YAML uses")
     prepare.set_defaults(func=_cmd_prepare)
+    push = model_commands.add_parser(
+        "push",
+        help="upload a checkpoint directory to s3://bucket/prefix with a SHA-256 manifest",
+    )
+    push.add_argument("local_dir", metavar="LOCAL_DIR")
+    push.add_argument("uri", metavar="S3_URI")
+    _transfer_args(push)
+    push.set_defaults(func=_cmd_push)
+    pull = model_commands.add_parser(
+        "pull",
+        help="download a pushed checkpoint; resumable, hash-verified, installed atomically",
+    )
+    pull.add_argument("uri", metavar="S3_URI")
+    pull.add_argument("local_dir", metavar="LOCAL_DIR")
+    _transfer_args(pull)
+    pull.set_defaults(func=_cmd_pull)
     return parser
 
 
@@ -109,3 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
+    except StorageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1

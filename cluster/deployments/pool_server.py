@@ -7,10 +7,11 @@ requests, KV cache usage and speculation counters reach Serve's request router
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
-from ray.serve.llm import LLMServer
+from ray.serve.llm import LLMConfig, LLMServer
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from cluster.autoscale.signals import EngineStats
@@ -59,10 +60,29 @@ class StatsVLLMEngine(VLLMEngine):
         return client
 
 
+def stage_s3_sources(llm_config: LLMConfig) -> None:
+    """Pull `s3://` target and drafter weights onto this node (resumable, hash-checked, atomic)
+    and point vLLM at the local copies. Runs on the replica's node, before the engine starts."""
+    from cluster import storage
+
+    loading = llm_config.model_loading_config
+    if isinstance(loading.model_source, str) and loading.model_source.startswith("s3://"):
+        uri = loading.model_source
+        loading.model_source = str(storage.pull(uri, storage.cached_path(uri)))
+    spec = llm_config.engine_kwargs.get("speculative_config") or {}
+    drafter = spec.get("model")
+    if isinstance(drafter, str) and drafter.startswith("s3://"):
+        spec["model"] = str(storage.pull(drafter, storage.cached_path(drafter)))
+
+
 class PoolServer(LLMServer):
-    """`LLMServer` plus engine signals for routing and autoscaling."""
+    """`LLMServer` plus engine signals for routing and autoscaling, and S3 weight staging."""
 
     _default_engine_cls = StatsVLLMEngine
+
+    async def __init__(self, llm_config: LLMConfig, **kwargs: Any):
+        await asyncio.to_thread(stage_s3_sources, llm_config)
+        await super().__init__(llm_config, **kwargs)
 
     def engine_stats(self) -> EngineStats:
         logger = getattr(self.engine, "stats_logger", None)

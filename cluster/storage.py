@@ -1,0 +1,257 @@
+"""Model and drafter weights in S3: push and pull checkpoints with a SHA-256 manifest.
+
+- `push LOCAL_DIR s3://bucket/prefix`: multipart, parallel uploads (boto3 `TransferConfig`), then
+  `MANIFEST.json` (relative path -> size and SHA-256) written last, so a prefix with a manifest
+  is a complete checkpoint.
+- `pull s3://bucket/prefix LOCAL_DIR`: reads the manifest, downloads into a staging directory
+  next to the destination, skips files already there with the right hash (resume), verifies
+  every hash, and only then renames the staging directory into place: a partial download is
+  never visible as a model.
+
+Errors (missing bucket, missing credentials, permission denied, checksum mismatch) are raised as
+`StorageError` with one clear line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "MANIFEST.json"
+_STAGING_SUFFIX = ".partial"
+MiB = 1024 * 1024
+
+
+class StorageError(RuntimeError):
+    """A transfer problem, stated in one line."""
+
+
+@dataclass(frozen=True)
+class S3Uri:
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, uri: str) -> S3Uri:
+        if not uri.startswith("s3://") or len(uri) <= len("s3://"):
+            raise StorageError(f"{uri!r} is not an s3://bucket/prefix URI")
+        bucket, _, prefix = uri[len("s3://") :].partition("/")
+        return cls(bucket, prefix.strip("/"))
+
+    def key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+def transfer_config(workers: int = 16):
+    """Multipart above 64 MiB in 64 MiB parts, `workers` parts in flight per file."""
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(
+        multipart_threshold=64 * MiB,
+        multipart_chunksize=64 * MiB,
+        max_concurrency=workers,
+        use_threads=True,
+    )
+
+
+def s3_client(endpoint_url: str | None = None, workers: int = 16):
+    """A boto3 S3 client; `endpoint_url` (or `$AWS_ENDPOINT_URL_S3`) for S3-compatible stores."""
+    import boto3
+    from botocore.config import Config
+
+    # A fresh session: credentials are resolved now, not cached from an earlier call.
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3"),
+        config=Config(max_pool_connections=max(workers * 2, 10), retries={"mode": "adaptive"}),
+    )
+
+
+def sha256_file(path: Path, block: int = 8 * MiB) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_manifest(local_dir: Path) -> dict[str, dict]:
+    files = sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return {
+        str(p.relative_to(local_dir)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in files
+    }
+
+
+def _explain(error: Exception, uri: S3Uri) -> StorageError:
+    """One line for the failures users hit; anything else keeps boto's own words."""
+    from botocore.exceptions import ClientError, NoCredentialsError
+
+    # boto3's transfer manager wraps the ClientError (S3UploadFailedError); unwrap it.
+    cause = error
+    while cause is not None and not isinstance(cause, ClientError | NoCredentialsError):
+        cause = cause.__cause__ or cause.__context__
+    error = cause or error
+    if isinstance(error, NoCredentialsError):
+        return StorageError(
+            f"{uri}: no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+            "AWS_SECRET_ACCESS_KEY, or run on a node/pod with an IAM role)"
+        )
+    if isinstance(error, ClientError):
+        code = error.response.get("Error", {}).get("Code", "")
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code == "NoSuchBucket":
+            return StorageError(f"{uri}: bucket {uri.bucket!r} does not exist")
+        if code in ("AccessDenied", "403", "Forbidden") or status == 403:
+            return StorageError(f"{uri}: permission denied ({code or status})")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return StorageError(f"{uri}: no {MANIFEST} (not a checkpoint pushed by cluster?)")
+        return StorageError(f"{uri}: {code}: {error}")
+    return StorageError(f"{uri}: {error}")
+
+
+def _progress(total: int, description: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=description)
+
+
+def push(local_dir: str | Path, uri: str, *, client=None, workers: int = 16) -> dict[str, dict]:
+    """Upload a checkpoint directory; returns the manifest written next to the files."""
+    local_dir, target = Path(local_dir), S3Uri.parse(uri)
+    if not local_dir.is_dir():
+        raise StorageError(f"{local_dir}: not a directory")
+    client = client or s3_client(workers=workers)
+    manifest = build_manifest(local_dir)
+    config = transfer_config(workers)
+    total = sum(entry["size"] for entry in manifest.values())
+    try:
+        with _progress(total, f"push {local_dir.name}") as bar:
+            for relative in manifest:
+                client.upload_file(
+                    str(local_dir / relative),
+                    target.bucket,
+                    target.key(relative),
+                    Config=config,
+                    Callback=bar.update,
+                )
+        body = json.dumps({"files": manifest}, indent=2, sort_keys=True).encode()
+        client.put_object(Bucket=target.bucket, Key=target.key(MANIFEST), Body=body)
+    except Exception as error:
+        raise _explain(error, target) from error
+    return manifest
+
+
+def read_manifest(uri: str, *, client=None) -> dict[str, dict]:
+    source = S3Uri.parse(uri)
+    client = client or s3_client()
+    try:
+        body = client.get_object(Bucket=source.bucket, Key=source.key(MANIFEST))["Body"].read()
+    except Exception as error:
+        raise _explain(error, source) from error
+    return json.loads(body)["files"]
+
+
+def pull(
+    uri: str,
+    local_dir: str | Path,
+    *,
+    client=None,
+    workers: int = 16,
+    on_file_done: Callable[[str], None] | None = None,
+) -> Path:
+    """Download a pushed checkpoint into `local_dir`, atomically and resumably.
+
+    Files already in the staging directory (an interrupted pull) or in an existing `local_dir`
+    with the manifest's hash are not downloaded again. `on_file_done` is called after each file
+    is verified (tests use it to interrupt a pull part-way).
+    """
+    source, final = S3Uri.parse(uri), Path(local_dir)
+    client = client or s3_client(workers=workers)
+    manifest = read_manifest(uri, client=client)
+    if _installed(final, manifest):
+        return final
+    staging = final.with_name(final.name + _STAGING_SUFFIX)
+    staging.mkdir(parents=True, exist_ok=True)
+    config = transfer_config(workers)
+
+    def fetch(relative: str, bar) -> None:
+        entry, path = manifest[relative], staging / relative
+        previous = final / relative
+        if not _has(path, entry) and _has(previous, entry):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(previous, path)
+        if not _has(path, entry):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".part")
+            try:
+                client.download_file(
+                    source.bucket,
+                    source.key(relative),
+                    str(partial),
+                    Config=config,
+                    Callback=bar.update,
+                )
+            except Exception as error:
+                raise _explain(error, source) from error
+            actual = sha256_file(partial)
+            if actual != entry["sha256"]:
+                partial.unlink()
+                raise StorageError(
+                    f"{source}/{relative}: checksum mismatch (manifest {entry['sha256'][:12]}..., "
+                    f"downloaded {actual[:12]}...); the object changed or is corrupt"
+                )
+            os.replace(partial, path)
+        else:
+            bar.update(entry["size"])
+        if on_file_done is not None:
+            on_file_done(relative)
+
+    total = sum(entry["size"] for entry in manifest.values())
+    # Large files already parallelise over parts; small ones benefit from file-level threads.
+    with _progress(total, f"pull {final.name}") as bar, ThreadPoolExecutor(4) as pool:
+        for future in [pool.submit(fetch, relative, bar) for relative in manifest]:
+            future.result()
+    (staging / MANIFEST).write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return final
+
+
+def _has(path: Path, entry: dict) -> bool:
+    return (
+        path.is_file()
+        and path.stat().st_size == entry["size"]
+        and sha256_file(path) == entry["sha256"]
+    )
+
+
+def _installed(local_dir: Path, manifest: dict[str, dict]) -> bool:
+    """A completed pull of this manifest. Hashes were verified when it was installed; re-hashing
+    hundreds of GB on every replica start would cost minutes, so compare manifest and sizes."""
+    try:
+        local = json.loads((local_dir / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return local == manifest and all(
+        (local_dir / rel).is_file() and (local_dir / rel).stat().st_size == entry["size"]
+        for rel, entry in manifest.items()
+    )
+
+
+def cached_path(uri: str) -> Path:
+    """Where `pull` installs an s3:// checkpoint on this node by default."""
+    from cluster.models import cache_dir
+
+    parsed = S3Uri.parse(uri)
+    return cache_dir() / "s3" / parsed.bucket / parsed.prefix

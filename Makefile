@@ -23,16 +23,23 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c "import transformers, vllm, ray.serve.llm; print('environment ok: vllm', vllm.__version__)"
 	touch $(STAMP)
 
+# checkov pins packages (packaging==23.2) that conflict with Ray; it gets its own environment.
+TOOLS := .venv-tools/.installed
+$(TOOLS): Makefile
+	test -x .venv-tools/bin/python || $(PYTHON) -m venv .venv-tools
+	.venv-tools/bin/pip install --quiet 'checkov==3.3.30'
+	touch $(TOOLS)
+
 prepare: install
 	$(BIN)/cluster models prepare
 
 serve: prepare
 	$(BIN)/cluster serve $(CONFIG)
 
-test: prepare
+test: prepare $(TOOLS)
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
-unit: install
+unit: install $(TOOLS)
 	$(BIN)/python -m pytest -ra -m "not e2e" $(PYTEST_ARGS)
 
 bench-overhead: prepare

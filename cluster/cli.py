@@ -56,6 +56,21 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_render_kuberay(args: argparse.Namespace) -> int:
+    from cluster.kuberay import dump_yaml, rayservice
+
+    manifest = rayservice(
+        load_config(args.file),
+        image=args.image,
+        name=args.name,
+        service_account=args.service_account,
+        efa_interfaces=args.efa_interfaces,
+        memory_gib_per_gpu=args.memory_gib_per_gpu,
+    )
+    print(dump_yaml(manifest), end="")
+    return 0
+
+
 def _cmd_push(args: argparse.Namespace) -> int:
     from cluster import storage
 
@@ -117,6 +132,42 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(render, required=True)
     render.add_argument("--format", choices=("yaml", "json"), default="yaml")
     render.set_defaults(func=_cmd_render)
+
+    render_group = commands.add_parser("render", help="render deployment manifests from a YAML")
+    render_commands = render_group.add_subparsers(
+        dest="render_command", required=True, metavar="KIND"
+    )
+    kuberay = render_commands.add_parser(
+        "kuberay",
+        help="a KubeRay RayService (head + one worker group per pool, Serve config inline)",
+        description="Print the RayService that the Terraform kuberay module deploys. The Serve "
+        "config builds the app with the same code as `cluster serve`.",
+    )
+    _config_arg(kuberay, required=True)
+    kuberay.add_argument(
+        "--image",
+        default="ghcr.io/example/cluster:0.1.0",
+        help="container image with this package, Ray and vLLM installed",
+    )
+    kuberay.add_argument("--name", default="cluster", help="RayService name")
+    kuberay.add_argument(
+        "--service-account",
+        default="ray-weights-reader",
+        help="service account bound to the S3 weights reader role",
+    )
+    kuberay.add_argument(
+        "--efa-interfaces",
+        type=int,
+        default=0,
+        help="EFA devices each GPU worker requests (8 on p6-b200.48xlarge)",
+    )
+    kuberay.add_argument(
+        "--memory-gib-per-gpu",
+        type=int,
+        default=200,
+        help="host memory a GPU worker requests per GPU (p6-b200: 2 TiB / 8)",
+    )
+    kuberay.set_defaults(func=_cmd_render_kuberay)
 
     models = commands.add_parser(
         "models", help="model weights: prepare the embedded model, push/pull checkpoints to S3"

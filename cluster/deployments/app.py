@@ -185,3 +185,11 @@ def build_app(config: ClusterConfig):
         telemetry=config.telemetry,
         app_name=config.server.app_name,
     )
+
+
+def app_builder(args: dict[str, Any]):
+    """Serve application builder for `serveConfigV2` (KubeRay): `args.config` is the cluster
+    YAML as a mapping, validated exactly as `cluster serve` validates a file."""
+    from cluster.config import parse_config
+
+    return build_app(parse_config(args["config"], "serveConfigV2.args.config"))

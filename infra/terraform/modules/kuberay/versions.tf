@@ -1,0 +1,13 @@
+terraform {
+  required_version = ">= 1.6"
+  required_providers {
+    helm = {
+      source  = "hashicorp/helm"
+      version = ">= 3.0"
+    }
+    kubernetes = {
+      source  = "hashicorp/kubernetes"
+      version = ">= 2.30"
+    }
+  }
+}

@@ -12,12 +12,7 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,61 +20,34 @@ import requests
 import yaml
 from tqdm import tqdm
 
+from cluster.launcher import ServeProcess
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Write a Python function that parses an ISO 8601 date string and explain each step."
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure_cluster(config_path: Path, n: int, max_tokens: int) -> dict:
     config = yaml.safe_load(config_path.read_text())
-    port = _free_port()
-    config["server"]["port"] = port
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "cluster.yaml"
-        path.write_text(yaml.safe_dump(config))
-        log = Path(tmp) / "serve.log"
-        started = time.monotonic()
-        with open(log, "w") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "cluster", "serve", str(path)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-        try:
-            with tqdm(desc="cluster serve -> ready", unit="s") as bar:
-                while "ready in" not in log.read_text():
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"cluster serve exited:\n{log.read_text()[-3000:]}")
-                    time.sleep(1)
-                    bar.update(1)
-            ready_s = time.monotonic() - started
-            url = f"http://127.0.0.1:{port}/v1/completions"
-            body = {
-                "model": config["targets"][0]["id"],
-                "prompt": PROMPT,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-            }
-            requests.post(url, json={**body, "max_tokens": 4}, timeout=300)  # warm-up
-            rates, pools = [], set()
-            for _ in tqdm(range(n), desc="HTTP (our cluster)"):
-                t0 = time.perf_counter()
-                response = requests.post(url, json=body, timeout=300)
-                elapsed = time.perf_counter() - t0
-                response.raise_for_status()
-                rates.append(response.json()["usage"]["completion_tokens"] / elapsed)
-                pools.add(response.headers["x-cluster-pool"])
-        finally:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=120)
-    return {"ready_s": ready_s, "tokens_per_s": rates, "pools": sorted(pools)}
+    config["server"].pop("port", None)  # a free port
+    with ServeProcess(config) as serve:
+        url = f"{serve.base_url}/v1/completions"
+        body = {
+            "model": config["targets"][0]["id"],
+            "prompt": PROMPT,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        requests.post(url, json={**body, "max_tokens": 4}, timeout=300)  # warm-up
+        rates, pools = [], set()
+        for _ in tqdm(range(n), desc="HTTP (our cluster)"):
+            t0 = time.perf_counter()
+            response = requests.post(url, json=body, timeout=300)
+            elapsed = time.perf_counter() - t0
+            response.raise_for_status()
+            rates.append(response.json()["usage"]["completion_tokens"] / elapsed)
+            pools.add(response.headers["x-cluster-pool"])
+    return {"ready_s": serve.ready_s, "tokens_per_s": rates, "pools": sorted(pools)}
 
 
 def measure_in_process(model_path: str, pool: dict, n: int, max_tokens: int) -> dict:

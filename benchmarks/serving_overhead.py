@@ -50,20 +50,12 @@ def measure_cluster(config_path: Path, n: int, max_tokens: int) -> dict:
     return {"ready_s": serve.ready_s, "tokens_per_s": rates, "pools": sorted(pools)}
 
 
-def measure_in_process(model_path: str, pool: dict, n: int, max_tokens: int) -> dict:
-    # The same engine environment the pool gets, so only the serving path differs.
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(pool["engine"]["cpu_kvcache_space_gib"])
-    if pool["engine"]["cpu_omp_threads_bind"] is not None:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = pool["engine"]["cpu_omp_threads_bind"]
+def measure_in_process(model_path: str, llm_config: dict, n: int, max_tokens: int) -> dict:
+    # The engine arguments and environment the pool's engine gets: only the serving path differs.
+    os.environ.update(llm_config["runtime_env"].get("env_vars", {}))
     from vllm import LLM, SamplingParams
 
-    llm = LLM(
-        model=model_path,
-        dtype="bfloat16",
-        max_model_len=8192,
-        max_num_seqs=pool["engine"].get("max_num_seqs", 64),
-        enforce_eager=True,
-    )
+    llm = LLM(model=model_path, **llm_config["engine_kwargs"])
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     llm.generate([PROMPT], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     rates = []
@@ -87,6 +79,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from cluster.config import load_config
+    from cluster.deployments.app import pool_llm_config_dict
     from cluster.models import local_model_path, prepare_config_models
 
     config = load_config(args.config)
@@ -95,7 +88,8 @@ def main() -> int:
     model_path = local_model_path(config, config.target(throughput.target))
 
     cluster = measure_cluster(args.config, args.requests, args.max_tokens)
-    raw = measure_in_process(model_path, throughput.model_dump(), args.requests, args.max_tokens)
+    llm_config = pool_llm_config_dict(config, throughput)
+    raw = measure_in_process(model_path, llm_config, args.requests, args.max_tokens)
     http_median = statistics.median(cluster["tokens_per_s"])
     raw_median = statistics.median(raw["tokens_per_s"])
     result = {

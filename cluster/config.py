@@ -164,6 +164,10 @@ class AutoscalingConfig(_Strict):
     downscale_delay_s: float = Field(default=600, ge=0)
     """How long load must stay low before removing replicas (GPU replicas are slow to start)."""
 
+    @property
+    def replicas_at_deploy(self) -> int:
+        return self.initial_replicas if self.initial_replicas is not None else self.min_replicas
+
     @model_validator(mode="after")
     def _ordered(self) -> AutoscalingConfig:
         if self.min_replicas > self.max_replicas:

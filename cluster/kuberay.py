@@ -18,7 +18,12 @@ NODE_MODEL_CACHE = "/mnt/k8s-disks/0"  # nodeadm's RAID0 of the instance-store N
 
 
 def _worker_group(
-    config: ClusterConfig, pool: PoolConfig, image: str, efa: int, memory_gib_per_gpu: int
+    config: ClusterConfig,
+    pool: PoolConfig,
+    image: str,
+    service_account: str,
+    efa: int,
+    memory_gib_per_gpu: int,
 ) -> dict:
     target = config.target(pool.target)
     scaling = pool.autoscaling
@@ -27,11 +32,7 @@ def _worker_group(
     pod: dict[str, Any] = {}
     if target.accelerator_type is not None:
         gpus = target.accelerators_per_replica
-        limits = {
-            "cpu": cpus,
-            "memory": f"{memory_gib_per_gpu * gpus}Gi",
-            "nvidia.com/gpu": gpus,
-        }
+        limits.update(memory=f"{memory_gib_per_gpu * gpus}Gi", **{"nvidia.com/gpu": gpus})
         if efa:
             limits["vpc.amazonaws.com/efa"] = efa
         pod["nodeSelector"] = {"cluster.ai/pool": pool.name}
@@ -50,6 +51,7 @@ def _worker_group(
             ],
         }
     ]
+    pod["serviceAccountName"] = service_account
     pod["volumes"] = [
         {
             "name": "model-cache",
@@ -57,12 +59,9 @@ def _worker_group(
         },
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
-    initial = (
-        scaling.initial_replicas if scaling.initial_replicas is not None else scaling.min_replicas
-    )
     return {
         "groupName": pool.name,
-        "replicas": initial,
+        "replicas": scaling.replicas_at_deploy,
         "minReplicas": scaling.min_replicas,
         "maxReplicas": scaling.max_replicas,
         "rayStartParams": {},
@@ -126,11 +125,9 @@ def rayservice(
         },
     }
     groups = [
-        _worker_group(config, pool, image, efa_interfaces, memory_gib_per_gpu)
+        _worker_group(config, pool, image, service_account, efa_interfaces, memory_gib_per_gpu)
         for pool in config.pools
     ]
-    for group in groups:
-        group["template"]["spec"]["serviceAccountName"] = service_account
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",

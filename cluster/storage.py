@@ -187,10 +187,13 @@ def pull(
     def fetch(relative: str, bar) -> None:
         entry, path = manifest[relative], staging / relative
         previous = final / relative
-        if not _has(path, entry) and _has(previous, entry):
+        if _has(path, entry):  # staged by an interrupted pull
+            bar.update(entry["size"])
+        elif _has(previous, entry):  # unchanged in the installed version
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(previous, path)
-        if not _has(path, entry):
+            bar.update(entry["size"])
+        else:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(path.name + ".part")
             try:
@@ -211,8 +214,6 @@ def pull(
                     f"downloaded {actual[:12]}...); the object changed or is corrupt"
                 )
             os.replace(partial, path)
-        else:
-            bar.update(entry["size"])
         if on_file_done is not None:
             on_file_done(relative)
 

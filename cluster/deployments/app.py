@@ -94,9 +94,7 @@ def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, A
     autoscaling_config = {
         "min_replicas": scaling.min_replicas,
         "max_replicas": scaling.max_replicas,
-        "initial_replicas": scaling.initial_replicas
-        if scaling.initial_replicas is not None
-        else scaling.min_replicas,
+        "initial_replicas": scaling.replicas_at_deploy,
         "target_ongoing_requests": scaling.target_ongoing_requests,
         "upscale_delay_s": scaling.upscale_delay_s,
         "downscale_delay_s": scaling.downscale_delay_s,

@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("local_dir", metavar="LOCAL_DIR")
     _transfer_args(pull)
     pull.set_defaults(func=_cmd_pull)
+
+    from cluster.drafters.cli import add_commands as add_drafter_commands
+
+    add_drafter_commands(commands)
     return parser
 
 

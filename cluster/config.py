@@ -290,6 +290,8 @@ class ClusterConfig(_Strict):
 
     # Directory relative paths resolve against: the config file's (set by the loader).
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    # Where the config came from, for error messages after loading.
+    _source: str = PrivateAttr(default="<config>")
 
     @model_validator(mode="after")
     def _cross_references(self) -> ClusterConfig:
@@ -386,7 +388,36 @@ def parse_config(
     except ValidationError as error:
         raise ConfigError(_format_errors(source, error)) from None
     config._base_dir = base_dir or Path.cwd()
+    config._source = source
+    problems = drafter_problems(config)
+    if problems:
+        raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
     return config
+
+
+def drafter_problems(config: ClusterConfig) -> list[str]:
+    """Validate every local drafter against its target (when the target is local too), so a
+    broken drafter is refused before anything is deployed. S3 drafters are validated by the
+    pool replica after it pulls them."""
+    from cluster.drafters import spec
+    from cluster.models import local_model_path
+
+    problems = []
+    for i, pool in enumerate(config.pools):
+        drafter = pool.speculation.drafter
+        if drafter is None or "://" in drafter:
+            continue
+        field = f"pools[{i}].speculation.drafter"
+        path = Path(config.resolve_path(drafter))
+        if not path.is_dir():
+            problems.append(f"{field}: {drafter}: no such directory")
+            continue
+        target_dir = Path(local_model_path(config, config.target(pool.target)))
+        target = None
+        if (target_dir / spec.CONFIG_FILE).is_file():  # embedded models once prepared
+            target = spec.read_target_config(target_dir)
+        problems += [f"{field}: {problem}" for problem in spec.validate(path, target)]
+    return problems
 
 
 def load_config(path: str | Path | None = None) -> ClusterConfig:

@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 
-from cluster.config import ClusterConfig
+from cluster.config import ClusterConfig, ConfigError, drafter_problems
 
 READY_TIMEOUT_S = 900
 
@@ -38,6 +38,10 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
 
     started = time.monotonic()
     prepare_config_models(config)
+    # Drafters of embedded targets can only be checked once the target is prepared.
+    problems = drafter_problems(config)
+    if problems:
+        raise ConfigError("\n".join(f"{config._source}: {p}" for p in problems))
 
     import ray
     from ray import serve

@@ -8,6 +8,7 @@ requests, KV cache usage and speculation counters reach Serve's request router
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
@@ -73,6 +74,19 @@ def stage_s3_sources(llm_config: LLMConfig) -> None:
     drafter = spec.get("model")
     if isinstance(drafter, str) and drafter.startswith("s3://"):
         spec["model"] = str(storage.pull(drafter, storage.cached_path(drafter)))
+        _refuse_invalid_drafter(spec["model"], loading.model_source)
+
+
+def _refuse_invalid_drafter(drafter: str, target: str) -> None:
+    """A pulled drafter is checked like a local one is at config load: before vLLM sees it."""
+    from cluster.drafters import spec
+
+    target_config = Path(target) / spec.CONFIG_FILE
+    problems = spec.validate(
+        Path(drafter), spec.read_target_config(Path(target)) if target_config.is_file() else None
+    )
+    if problems:
+        raise ValueError("drafter failed validation:\n" + "\n".join(problems))
 
 
 class PoolServer(LLMServer):

@@ -1,0 +1,201 @@
+"""`cluster drafters ...`: validate, build data, train, export and evaluate EAGLE drafters."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cluster.models import cache_dir
+
+EMBEDDED_TARGET = "embedded:smollm2-135m-instruct"
+
+
+def resolve_target(target: str) -> Path:
+    """A checkpoint directory, or an `embedded:` model (prepared on first use)."""
+    from cluster.config import EMBEDDED_SOURCE_PREFIX
+
+    if target.startswith(EMBEDDED_SOURCE_PREFIX):
+        from cluster.models import embedded_name, prepare_embedded
+
+        return prepare_embedded(embedded_name(target), quiet=True)
+    return Path(target)
+
+
+def _default_data_dir(split: str) -> Path:
+    return cache_dir() / "drafter-data" / "smollm2-135m-instruct" / split
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from cluster.drafters import spec
+
+    target = resolve_target(args.target)
+    problems = spec.validate(Path(args.drafter), spec.read_target_config(target))
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        return 1
+    drafter = spec.DrafterSpec.read(Path(args.drafter))
+    print(
+        f"{args.drafter}: ok: {drafter.variant}, draft vocab {drafter.draft_vocab_size}, "
+        f"aux layers {drafter.eagle_aux_hidden_state_layer_ids}"
+    )
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from cluster.drafters import data
+
+    target = resolve_target(args.target)
+    recipe = data.DataRecipe(seed=args.seed).scaled(args.scale)
+    for split, out, fraction in (("eval", args.val_out, args.val_fraction), ("train", args.out, 1)):
+        data.generate(target, Path(out), recipe.scaled(fraction), split, args.batch_size)
+    for out in (args.val_out, args.out):
+        data.capture(target, Path(out))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from cluster.drafters.train import TrainConfig, train
+
+    cfg = TrainConfig(
+        variant=args.variant,
+        steps=args.steps,
+        ttt_steps=args.ttt_steps,
+        tokens_per_step=args.tokens_per_step,
+        max_sample_tokens=args.max_sample_tokens,
+        draft_vocab_size=args.draft_vocab_size,
+        lr=args.lr,
+        seed=args.seed,
+        threads=args.threads,
+        checkpoint_every=args.checkpoint_every,
+        val_samples=args.val_samples,
+    )
+    metrics = train(
+        resolve_target(args.target), Path(args.data), Path(args.val), Path(args.out), cfg
+    )
+    print(f"{args.out}: {metrics}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from cluster.drafters.export import ExportError, export
+
+    try:
+        path = export(Path(args.run), resolve_target(args.target), Path(args.out))
+    except ExportError as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(f"exported: {path}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from cluster.drafters import evaluate
+
+    drafters = {}
+    for item in args.drafter:
+        name, sep, path = item.partition("=")
+        if not sep:
+            print(f"--drafter {item!r}: expected NAME=PATH", file=sys.stderr)
+            return 2
+        drafters[name] = Path(path)
+    report = evaluate.evaluate(
+        resolve_target(args.target),
+        evaluate.methods(drafters, args.k, ngram=not args.no_ngram),
+        per_bucket=args.requests,
+        output_tokens=args.output_tokens,
+        cores=args.cores,
+    )
+    evaluate.write_report(report, Path(args.out), Path(args.plot) if args.plot else None)
+    for name, per_bucket in report["results"].items():
+        cells = [
+            f"{label}: AL {r['mean_acceptance_length'] or 1:.2f}, "
+            f"{r['output_tokens_per_s']:.1f} tok/s (x{r.get('speedup_vs_none', 1):.2f})"
+            for label, r in per_bucket.items()
+        ]
+        print(f"{name:>10}  " + " | ".join(cells))
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    drafters = commands.add_parser(
+        "drafters",
+        help="EAGLE 3 / 3.1 drafters: validate, build training data, train, export, evaluate",
+    )
+    actions = drafters.add_subparsers(dest="drafters_command", required=True, metavar="ACTION")
+
+    validate = actions.add_parser(
+        "validate",
+        help="check a drafter against its target before deploying it (one line per problem)",
+    )
+    validate.add_argument("target", metavar="TARGET", help=f"checkpoint dir or {EMBEDDED_TARGET}")
+    validate.add_argument("drafter", metavar="DRAFTER", help="drafter directory")
+    validate.set_defaults(func=_cmd_validate)
+
+    data = actions.add_parser(
+        "data",
+        help="self-distillation data: the target answers prompts built from stdlib code "
+        "(vLLM), then its hidden states are captured (resumable)",
+    )
+    data.add_argument("--target", default=EMBEDDED_TARGET)
+    data.add_argument("--out", default=str(_default_data_dir("train")), help="training set dir")
+    data.add_argument(
+        "--val-out", default=str(_default_data_dir("val")), help="validation set dir (eval files)"
+    )
+    data.add_argument("--scale", type=float, default=1.0, help="fraction of the full recipe")
+    data.add_argument(
+        "--val-fraction", type=float, default=0.08, help="validation size relative to training"
+    )
+    data.add_argument("--batch-size", type=int, default=64, help="prompts per vLLM batch")
+    data.add_argument("--seed", type=int, default=0)
+    data.set_defaults(func=_cmd_data)
+
+    train = actions.add_parser(
+        "train", help="train a drafter (checkpoints every N steps; rerun to resume)"
+    )
+    train.add_argument("--target", default=EMBEDDED_TARGET)
+    train.add_argument("--data", default=str(_default_data_dir("train")))
+    train.add_argument("--val", default=str(_default_data_dir("val")))
+    train.add_argument("--out", required=True, help="run directory (checkpoint, history)")
+    train.add_argument("--variant", choices=("eagle3.1", "eagle3"), default="eagle3.1")
+    train.add_argument("--steps", type=int, default=1000)
+    train.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled")
+    train.add_argument("--tokens-per-step", type=int, default=4096)
+    train.add_argument("--max-sample-tokens", type=int, default=2048)
+    train.add_argument("--draft-vocab-size", type=int, default=8192)
+    train.add_argument("--lr", type=float, default=6e-4)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    train.add_argument("--checkpoint-every", type=int, default=50)
+    train.add_argument("--val-samples", type=int, default=48)
+    train.set_defaults(func=_cmd_train)
+
+    export = actions.add_parser(
+        "export", help="write a run's checkpoint in vLLM's LlamaForCausalLMEagle3 layout"
+    )
+    export.add_argument("run", metavar="RUN_DIR")
+    export.add_argument("--target", default=EMBEDDED_TARGET)
+    export.add_argument("--out", required=True, help="drafter directory to create")
+    export.set_defaults(func=_cmd_export)
+
+    evaluate = actions.add_parser(
+        "eval",
+        help="acceptance length and single-stream tok/s per context bucket: no speculation, "
+        "n-gram and each drafter side by side (JSON + PNG)",
+    )
+    evaluate.add_argument("--target", default=EMBEDDED_TARGET)
+    evaluate.add_argument(
+        "--drafter", action="append", default=[], metavar="NAME=PATH", help="repeatable"
+    )
+    evaluate.add_argument("-k", type=int, default=5, help="speculative tokens (default 5)")
+    evaluate.add_argument("--no-ngram", action="store_true", help="skip the n-gram baseline")
+    evaluate.add_argument("--requests", type=int, default=6, help="requests per bucket")
+    evaluate.add_argument("--output-tokens", type=int, default=128)
+    evaluate.add_argument(
+        "--cores", default="0-1", help="CPU cores for vLLM (VLLM_CPU_OMP_THREADS_BIND)"
+    )
+    evaluate.add_argument("--out", default="drafter-eval.json")
+    evaluate.add_argument("--plot", default="drafter-eval.png")
+    evaluate.set_defaults(func=_cmd_eval)

@@ -1,0 +1,200 @@
+"""`cluster drafters eval`: acceptance and speed of speculation methods, side by side.
+
+Every method (no speculation, n-gram, each drafter) runs the same held-out workload (`eval`
+split code-long prompts in context-length buckets) single stream, greedy, with a fixed output
+length, in its own vLLM engine (one subprocess per method, so memory and threads are clean).
+Per bucket it records output tok/s and the deltas of vLLM's `vllm:spec_decode_*` counters:
+mean acceptance length and per-position acceptance. Writes JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from cluster import workloads
+from cluster.speculation import SpecCounters
+
+BUCKETS: tuple[tuple[str, int], ...] = (("<512", 384), ("512-2k", 1536), ("2k-6k", 4096))
+"""Context-length buckets: label and the prompt's code tokens."""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    """Label in tables and plots."""
+    speculative_config: dict[str, Any] | None
+    """vLLM's `speculative_config` (None: no speculation)."""
+
+
+def methods(drafters: dict[str, Path], k: int, ngram: bool = True) -> list[Method]:
+    """No speculation, then n-gram, then each drafter, all with `k` speculative tokens."""
+    chosen = [Method("none", None)]
+    if ngram:
+        chosen.append(
+            Method(
+                "ngram",
+                {
+                    "method": "ngram",
+                    "num_speculative_tokens": k,
+                    "prompt_lookup_min": 2,
+                    "prompt_lookup_max": 5,
+                },
+            )
+        )
+    for name, path in drafters.items():
+        chosen.append(
+            Method(name, {"method": "eagle3", "model": str(path), "num_speculative_tokens": k})
+        )
+    return chosen
+
+
+def _run_method(
+    target: str, method: Method, buckets: dict[str, list[dict]], cores: str, result_path: str
+) -> None:
+    """Child process: one engine, every bucket, single stream; writes JSON to result_path."""
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM, SamplingParams
+
+    longest = max(p["context_tokens"] for ps in buckets.values() for p in ps)
+    output_tokens = max(p["output_tokens"] for ps in buckets.values() for p in ps)
+    llm = LLM(
+        model=target,
+        dtype="bfloat16",
+        max_model_len=longest + output_tokens + 256,
+        max_num_seqs=4,
+        enforce_eager=True,
+        disable_log_stats=False,
+        speculative_config=method.speculative_config,
+        seed=0,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
+    warmup = next(iter(buckets.values()))[0]["prompt"]
+    llm.chat([{"role": "user", "content": warmup}], params, use_tqdm=False)
+    result: dict[str, Any] = {}
+    for label, prompts in buckets.items():
+        before = SpecCounters.from_vllm_metrics(llm.get_metrics())
+        tokens, elapsed, outputs = 0, 0.0, []
+        for prompt in prompts:
+            started = time.perf_counter()
+            output = llm.chat(
+                [{"role": "user", "content": prompt["prompt"]}], params, use_tqdm=False
+            )[0]
+            elapsed += time.perf_counter() - started
+            tokens += len(output.outputs[0].token_ids)
+            outputs.append(output.outputs[0].text)
+        counters = SpecCounters.from_vllm_metrics(llm.get_metrics()) - before
+        result[label] = {
+            "requests": len(prompts),
+            "output_tokens": tokens,
+            "seconds": elapsed,
+            "output_tokens_per_s": tokens / elapsed,
+            **counters.summary(),
+        }
+    Path(result_path).write_text(json.dumps(result))
+
+
+def evaluate(
+    target: Path,
+    chosen: list[Method],
+    per_bucket: int = 6,
+    output_tokens: int = 128,
+    seed: int = 0,
+    cores: str = "0-1",
+) -> dict[str, Any]:
+    """Run every method on the same prompts; returns the report (see `write_report`)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    buckets = {
+        label: [
+            p.__dict__
+            for p in workloads.code_long(
+                tokenizer, [context], per_bucket, output_tokens, "eval", seed
+            )
+        ]
+        for label, context in BUCKETS
+    }
+    context = multiprocessing.get_context("spawn")
+    results: dict[str, Any] = {}
+    for method in tqdm(chosen, desc="eval methods", unit="method"):
+        result_path = Path(f"/tmp/cluster-eval-{os.getpid()}-{method.name}.json")
+        child = context.Process(
+            target=_run_method,
+            args=(str(target), method, buckets, cores, str(result_path)),
+        )
+        child.start()
+        child.join()
+        if child.exitcode != 0 or not result_path.exists():
+            raise RuntimeError(f"eval of {method.name} failed (exit code {child.exitcode})")
+        results[method.name] = json.loads(result_path.read_text())
+        result_path.unlink()
+    baseline = results.get("none")
+    for per_bucket_result in results.values():
+        for label, r in per_bucket_result.items():
+            if baseline:
+                r["speedup_vs_none"] = (
+                    r["output_tokens_per_s"] / baseline[label]["output_tokens_per_s"]
+                )
+    return {
+        "target": str(target),
+        "workload": {
+            "kind": "code-long",
+            "split": "eval",
+            "buckets": {label: context for label, context in BUCKETS},
+            "requests_per_bucket": per_bucket,
+            "output_tokens": output_tokens,
+            "seed": seed,
+            "mode": "single stream, greedy, ignore_eos",
+        },
+        "methods": {m.name: m.speculative_config for m in chosen},
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor(), "cores": cores},
+        "results": results,
+    }
+
+
+def write_report(report: dict[str, Any], out_json: Path, out_png: Path | None) -> None:
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(report, indent=2) + "\n")
+    if out_png is not None:
+        plot(report, out_png)
+
+
+def plot(report: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    labels = list(report["workload"]["buckets"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, per_bucket in results.items():
+        acceptance = [per_bucket[label]["mean_acceptance_length"] for label in labels]
+        if any(a is not None for a in acceptance):
+            left.plot(labels, [a or float("nan") for a in acceptance], marker="o", label=name)
+        right.plot(
+            labels,
+            [per_bucket[label]["output_tokens_per_s"] for label in labels],
+            marker="o",
+            label=name,
+        )
+    left.set(title="Mean acceptance length", xlabel="prompt tokens", ylabel="tokens / step")
+    right.set(title="Single-stream output tok/s", xlabel="prompt tokens", ylabel="tok/s")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

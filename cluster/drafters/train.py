@@ -1,0 +1,340 @@
+"""Training an EAGLE 3 / 3.1 drafter on captured target states (see `data.py`).
+
+- Draft vocabulary: the `draft_vocab_size` most frequent tokens of the training data (target
+  greedy tokens and input tokens), sorted by target id; `d2t = draft_to_target - arange`.
+- Loss per TTT step `s`: cross-entropy of the drafter against the target's distribution over
+  the draft vocabulary, at the positions whose target greedy token is in the draft vocabulary,
+  weighted `0.8 ** s` (EAGLE 3's weighting).
+- Validation: per-position accuracy (the drafter's top token is the target's greedy token) and
+  an acceptance-length estimate `1 + sum_s P(steps 0..s all correct)` on response tokens of
+  held-out samples, which is what vLLM measures when the drafter runs for real.
+- `checkpoint.pt` (model, optimizer, step, data position, RNG) is written every
+  `checkpoint_every` steps and at the end; a run with the same output directory resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from cluster.drafters import data
+from cluster.drafters.model import Eagle3Drafter, StepOutput
+from cluster.drafters.spec import DrafterSpec
+
+CHECKPOINT = "checkpoint.pt"
+HISTORY = "history.jsonl"
+VARIANTS = ("eagle3.1", "eagle3")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one training run (recorded in the drafter's recipe)."""
+
+    variant: str = "eagle3.1"
+    """`eagle3.1` (fc_norm + norm_output) or `eagle3` (neither)."""
+    steps: int = 1000
+    """Optimizer steps."""
+    ttt_steps: int = 5
+    """Draft steps unrolled per sample (training-time test)."""
+    tokens_per_step: int = 4096
+    """Tokens per optimizer step (samples are accumulated until this many)."""
+    max_sample_tokens: int = 2048
+    """Longer samples are cropped to a random window of this many tokens."""
+    draft_vocab_size: int = 8192
+    """Tokens the drafter can propose."""
+    lr: float = 6e-4
+    """Peak learning rate (AdamW), after a linear warm-up; cosine decay to 10%."""
+    warmup_steps: int = 40
+    """Linear warm-up steps."""
+    grad_clip: float = 0.5
+    """Gradient norm clip."""
+    seed: int = 0
+    """Seed of initialization and data order."""
+    threads: int = 0
+    """Torch CPU threads (0: torch's default)."""
+    bf16: bool = True
+    """Autocast matmuls to bfloat16 (fast on CPUs with AMX / AVX-512 BF16)."""
+    checkpoint_every: int = 50
+    """Steps between checkpoints (and validation)."""
+    val_samples: int = 48
+    """Held-out samples used by validation."""
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant: {self.variant!r} is not one of {', '.join(VARIANTS)}")
+
+
+def drafter_spec(target_config: dict, aux_layer_ids: list[int], cfg: TrainConfig) -> DrafterSpec:
+    heads = target_config["num_attention_heads"]
+    return DrafterSpec(
+        hidden_size=target_config["hidden_size"],
+        target_hidden_size=target_config["hidden_size"],
+        intermediate_size=target_config["intermediate_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=target_config.get("num_key_value_heads", heads),
+        head_dim=target_config.get("head_dim", target_config["hidden_size"] // heads),
+        vocab_size=target_config["vocab_size"],
+        draft_vocab_size=cfg.draft_vocab_size,
+        eagle_aux_hidden_state_layer_ids=list(aux_layer_ids),
+        fc_norm=cfg.variant == "eagle3.1",
+        norm_output=cfg.variant == "eagle3.1",
+        norm_before_fc=False,
+        norm_before_residual=False,
+        rms_norm_eps=target_config.get("rms_norm_eps", 1e-5),
+        max_position_embeddings=target_config.get("max_position_embeddings", 8192),
+        rope_parameters=target_config.get("rope_parameters")
+        or {"rope_type": "default", "rope_theta": target_config.get("rope_theta", 10000.0)},
+    )
+
+
+def draft_vocabulary(dataset: Path, size: int) -> torch.Tensor:
+    """The `size` most frequent target ids in the data, sorted (ties broken by id)."""
+    counts: Counter[int] = Counter()
+    for shard in data.shards_of(dataset):
+        t = load_file(str(shard))
+        counts.update(t["target_greedy"].tolist())
+        counts.update(t["input_ids"].tolist())
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
+    chosen = {token for token, _ in ranked}
+    # Tiny data sets: fill up with the lowest unseen ids so the size stays as configured.
+    filler = (t for t in range(size * 2) if t not in chosen)
+    while len(chosen) < size:
+        chosen.add(next(filler))
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def load_target_embeddings(target: Path) -> tuple[dict, torch.Tensor]:
+    from safetensors import safe_open
+
+    config = json.loads((target / "config.json").read_text())
+    with safe_open(str(target / "model.safetensors"), framework="pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight")
+    return config, embed.float()
+
+
+@dataclass
+class StepStats:
+    loss: float
+    accuracy: list[float]  # per TTT position
+
+
+def sample_loss(
+    model: Eagle3Drafter, sample: data.Sample, ttt_steps: int, target_head: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[int, int]], list[StepOutput], torch.Tensor]:
+    """Weighted TTT loss of one sample; per position (correct, counted) and the step outputs."""
+    outputs = model.unroll(sample.input_ids, sample.aux_hidden.float(), ttt_steps)
+    # Target distribution at position p predicts token p + 1; anchor i at step s needs p = i+1+s.
+    with torch.no_grad():
+        target_p = torch.softmax((sample.final_hidden[1:] @ target_head.T).float(), dim=-1)
+        target_top = target_p.argmax(-1)
+        in_vocab = model.t2d[sample.target_greedy[1:]].float()
+    loss = torch.zeros(())
+    counts = []
+    for s, out in enumerate(outputs):
+        # Anchors past the end at this depth have no target: padded with zero weight.
+        with torch.no_grad():
+            mask = F.pad(in_vocab[s:], (0, s))
+            target_s = F.pad(target_p[s:], (0, 0, 0, s))
+        counted = int(mask.sum())
+        if counted == 0:
+            counts.append((0, 0))
+            continue
+        logp = torch.log_softmax(out.logits, dim=-1, dtype=torch.float32)
+        per_anchor = -(target_s * logp).sum(-1)
+        loss = loss + (0.8**s) * (per_anchor * mask).sum() / counted
+        with torch.no_grad():
+            top = F.pad(target_top[s:], (0, s), value=-1)
+            hits = (out.logits.argmax(-1) == top).float() * mask
+        counts.append((int(hits.sum()), counted))
+    return loss, counts, outputs, sample.target_greedy[1:]
+
+
+def _crop(sample: data.Sample, limit: int, rng: random.Random) -> data.Sample:
+    length = sample.input_ids.shape[0]
+    if length <= limit:
+        return sample
+    start = rng.randrange(0, length - limit + 1)
+    window = slice(start, start + limit)
+    return data.Sample(
+        input_ids=sample.input_ids[window],
+        aux_hidden=sample.aux_hidden[window],
+        final_hidden=sample.final_hidden[window],
+        target_greedy=sample.target_greedy[window],
+        prompt_len=max(0, sample.prompt_len - start),
+    )
+
+
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+class _SampleStream:
+    """Samples in a seeded order: shards shuffled per epoch, samples shuffled within a shard
+    (one shard in memory at a time). `position` counts samples consumed, for resume."""
+
+    def __init__(self, dataset: Path, seed: int, position: int = 0) -> None:
+        self.shards = data.shards_of(dataset)
+        self.seed = seed
+        self.position = 0
+        self._iter = self._generate()
+        for _ in range(position):
+            next(self._iter)
+
+    def _generate(self):
+        epoch = 0
+        while True:
+            rng = random.Random(self.seed * 1000 + epoch)
+            order = self.shards[:]
+            rng.shuffle(order)
+            for shard in order:
+                samples = list(data.samples_of_shard(shard))
+                rng.shuffle(samples)
+                for sample in samples:
+                    self.position += 1
+                    yield sample
+            epoch += 1
+
+    def __next__(self) -> data.Sample:
+        return next(self._iter)
+
+
+@torch.no_grad()
+def validate(
+    model: Eagle3Drafter,
+    val_samples: list[data.Sample],
+    ttt_steps: int,
+    target_head: torch.Tensor,
+    bf16: bool,
+) -> dict:
+    """Loss, per-position accuracy, and acceptance-length estimate on held-out samples."""
+    model.eval()
+    losses, correct, counted = [], [0] * ttt_steps, [0] * ttt_steps
+    chain_hits = torch.zeros(ttt_steps)
+    anchors_total = 0
+    for sample in val_samples:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, counts, outputs, greedy = sample_loss(model, sample, ttt_steps, target_head)
+        losses.append(float(loss))
+        for s, (c, n) in enumerate(counts):
+            correct[s] += c
+            counted[s] += n
+        # Chain acceptance on response anchors (there the text is the target's greedy output).
+        anchors = sample.input_ids.shape[0] - 1
+        first = max(0, sample.prompt_len - 1)
+        usable = anchors - ttt_steps - first
+        if usable <= 0:
+            continue
+        alive = torch.ones(usable, dtype=torch.bool)
+        for s, out in enumerate(outputs):
+            drafted = model.draft_to_target[out.logits[first : first + usable].argmax(-1)]
+            alive &= drafted == greedy[first + s : first + s + usable]
+            chain_hits[s] += alive.sum()
+        anchors_total += usable
+    model.train()
+    return {
+        "val_loss": sum(losses) / max(1, len(losses)),
+        "val_accuracy": [c / max(1, n) for c, n in zip(correct, counted, strict=True)],
+        "val_acceptance_estimate": 1 + float(chain_hits.sum()) / max(1, anchors_total),
+    }
+
+
+def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainConfig) -> dict:
+    """Train (or resume) into `out`; returns the final validation metrics."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    target_config, embed = load_target_embeddings(target)
+    info = json.loads((dataset / data.DATASET_INFO).read_text())
+    spec = drafter_spec(target_config, info["aux_layer_ids"], cfg)
+    spec.write(out)  # the exported config.json, known before training starts
+    model = Eagle3Drafter(spec, embed)
+    checkpoint_path = out / CHECKPOINT
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0
+    )
+    if checkpoint_path.exists():
+        state = torch.load(checkpoint_path, weights_only=False)
+        if state["config"] != asdict(cfg):
+            raise ValueError(f"{checkpoint_path}: written with a different config; use a new --out")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, position = state["step"], state["position"]
+        torch.set_rng_state(state["torch_rng"])
+        crop_rng = random.Random()
+        crop_rng.setstate(state["crop_rng"])
+    else:
+        model.init_weights(draft_vocabulary(dataset, cfg.draft_vocab_size), cfg.seed)
+        step, position, crop_rng = 0, 0, random.Random(cfg.seed)
+        (out / HISTORY).write_text("")
+    target_head = embed[model.draft_to_target]  # tied target lm_head, draft rows only
+    stream = _SampleStream(dataset, cfg.seed, position)
+    val_samples = list(data.samples(val_dataset))[: cfg.val_samples]
+    metrics: dict = {}
+    model.train()
+    started = time.monotonic()
+    with tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.variant}", unit="step") as bar:
+        while step < cfg.steps:
+            for group in optimizer.param_groups:
+                group["lr"] = _lr_at(step, cfg)
+            tokens, loss_sum, correct, counted = 0, 0.0, [0] * cfg.ttt_steps, [0] * cfg.ttt_steps
+            optimizer.zero_grad(set_to_none=True)
+            while tokens < cfg.tokens_per_step:
+                sample = _crop(next(stream), cfg.max_sample_tokens, crop_rng)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                    loss, counts, _, _ = sample_loss(model, sample, cfg.ttt_steps, target_head)
+                weight = sample.input_ids.shape[0] / cfg.tokens_per_step
+                (loss * weight).backward()
+                tokens += sample.input_ids.shape[0]
+                loss_sum += loss.item() * weight
+                for s, (c, n) in enumerate(counts):
+                    correct[s] += c
+                    counted[s] += n
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            step += 1
+            accuracy = [c / max(1, n) for c, n in zip(correct, counted, strict=True)]
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_sum:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
+            record = {"step": step, "loss": loss_sum, "accuracy": accuracy, "tokens": tokens}
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                metrics = validate(model, val_samples, cfg.ttt_steps, target_head, cfg.bf16)
+                record |= metrics
+                bar.write(
+                    f"step {step}: val_loss {metrics['val_loss']:.3f} acceptance estimate "
+                    f"{metrics['val_acceptance_estimate']:.2f} ({time.monotonic() - started:.0f}s)"
+                )
+                _save_checkpoint(checkpoint_path, model, optimizer, step, stream, crop_rng, cfg)
+            with (out / HISTORY).open("a") as f:
+                f.write(json.dumps(record) + "\n")
+    return metrics
+
+
+def _save_checkpoint(path, model, optimizer, step, stream, crop_rng, cfg) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "position": stream.position,
+            "torch_rng": torch.get_rng_state(),
+            "crop_rng": crop_rng.getstate(),
+            "config": asdict(cfg),
+        },
+        tmp,
+    )
+    tmp.rename(path)

@@ -1,0 +1,136 @@
+"""vLLM's speculative-decoding counters and what they mean, as plain Python.
+
+vLLM counts, cumulatively per engine: drafts (one per request per step that drafted), drafted
+tokens, accepted tokens, and accepted tokens by draft position. A measurement takes a snapshot
+before and after (`after - before`), then reads:
+- mean acceptance length = 1 + accepted / drafts: tokens emitted per target forward pass;
+- per-position acceptance = accepted at position i / drafts: how often the i-th drafted token
+  survives (it can only be accepted if all before it were).
+
+Snapshots come from an in-process engine (`LLM.get_metrics()`), from a Prometheus `/metrics`
+page (a vLLM OpenAI server), or from our pools' `EngineStats`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+_PREFIX = "vllm:spec_decode_"
+_PROMETHEUS_LINE = re.compile(r"^(?P<name>[\w:]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    drafts: int = 0
+    """Speculation steps summed over requests."""
+    draft_tokens: int = 0
+    """Tokens proposed."""
+    accepted: int = 0
+    """Proposed tokens the target accepted."""
+    accepted_per_position: tuple[int, ...] = field(default_factory=tuple)
+    """Accepted tokens by draft position (0 = first drafted token)."""
+
+    def __sub__(self, before: SpecCounters) -> SpecCounters:
+        width = max(len(self.accepted_per_position), len(before.accepted_per_position))
+        after_pos = _padded(self.accepted_per_position, width)
+        before_pos = _padded(before.accepted_per_position, width)
+        return SpecCounters(
+            drafts=self.drafts - before.drafts,
+            draft_tokens=self.draft_tokens - before.draft_tokens,
+            accepted=self.accepted - before.accepted,
+            accepted_per_position=tuple(a - b for a, b in zip(after_pos, before_pos, strict=True)),
+        )
+
+    def __add__(self, other: SpecCounters) -> SpecCounters:
+        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        return SpecCounters(
+            drafts=self.drafts + other.drafts,
+            draft_tokens=self.draft_tokens + other.draft_tokens,
+            accepted=self.accepted + other.accepted,
+            accepted_per_position=tuple(
+                a + b
+                for a, b in zip(
+                    _padded(self.accepted_per_position, width),
+                    _padded(other.accepted_per_position, width),
+                    strict=True,
+                )
+            ),
+        )
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + accepted / drafts; None when nothing was drafted."""
+        return 1 + self.accepted / self.drafts if self.drafts else None
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        if not self.drafts:
+            return []
+        return [count / self.drafts for count in self.accepted_per_position]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "per_position_acceptance": self.per_position_acceptance,
+        }
+
+    @classmethod
+    def from_vllm_metrics(cls, metrics: Iterable[Any]) -> SpecCounters:
+        """From `vllm.LLM.get_metrics()` (Counter objects with `.value`, Vector with
+        `.values`); several engines' series are summed."""
+        totals: dict[str, int] = {}
+        per_position: tuple[int, ...] = ()
+        for metric in metrics:
+            name = getattr(metric, "name", "")
+            if not name.startswith(_PREFIX):
+                continue
+            if name == f"{_PREFIX}num_accepted_tokens_per_pos":
+                per_position = (
+                    cls(accepted_per_position=per_position)
+                    + cls(accepted_per_position=tuple(metric.values))
+                ).accepted_per_position
+            else:
+                totals[name] = totals.get(name, 0) + int(metric.value)
+        return cls(
+            drafts=totals.get(f"{_PREFIX}num_drafts", 0),
+            draft_tokens=totals.get(f"{_PREFIX}num_draft_tokens", 0),
+            accepted=totals.get(f"{_PREFIX}num_accepted_tokens", 0),
+            accepted_per_position=per_position,
+        )
+
+    @classmethod
+    def from_prometheus(cls, text: str) -> SpecCounters:
+        """From a Prometheus exposition page (`GET /metrics` of a vLLM OpenAI server)."""
+        totals: dict[str, float] = {}
+        positions: dict[int, float] = {}
+        for line in text.splitlines():
+            match = _PROMETHEUS_LINE.match(line)
+            if not match or not match["name"].startswith(_PREFIX):
+                continue
+            name = match["name"].removesuffix("_total").removesuffix("_created")
+            if match["name"].endswith("_created"):
+                continue
+            value = float(match["value"])
+            if name == f"{_PREFIX}num_accepted_tokens_per_pos":
+                position = int(re.search(r'position="(\d+)"', match["labels"] or "")[1])
+                positions[position] = positions.get(position, 0) + value
+            else:
+                totals[name] = totals.get(name, 0) + value
+        return cls(
+            drafts=int(totals.get(f"{_PREFIX}num_drafts", 0)),
+            draft_tokens=int(totals.get(f"{_PREFIX}num_draft_tokens", 0)),
+            accepted=int(totals.get(f"{_PREFIX}num_accepted_tokens", 0)),
+            accepted_per_position=tuple(
+                int(positions.get(i, 0)) for i in range(max(positions, default=-1) + 1)
+            ),
+        )
+
+
+def _padded(values: tuple[int, ...], width: int) -> tuple[int, ...]:
+    return tuple(values) + (0,) * (width - len(values))

@@ -1,0 +1,177 @@
+"""Drafter config round trip and every validation failure, on small real safetensors files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from cluster.config import ConfigError, parse_config
+from cluster.drafters import spec
+from cluster.drafters.spec import DrafterSpec
+
+TARGET = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 6,
+    "vocab_size": 512,
+}
+
+
+def _spec(**changes) -> DrafterSpec:
+    fields = dict(
+        hidden_size=64,
+        target_hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        draft_vocab_size=100,
+        eagle_aux_hidden_state_layer_ids=[1, 3, 4],
+        fc_norm=True,
+        norm_output=True,
+        norm_before_fc=False,
+        norm_before_residual=False,
+    )
+    return DrafterSpec(**(fields | changes))
+
+
+def _write(directory: Path, drafter: DrafterSpec, tensors: dict | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    drafter.write(directory)
+    if tensors is None:
+        tensors = {name: torch.zeros(shape) for name, shape in drafter.expected_tensors().items()}
+        # every other target id (clamped: one case has a draft vocabulary larger than the target)
+        chosen = torch.arange(0, 2 * drafter.draft_vocab_size, 2).clamp(max=drafter.vocab_size - 1)
+        tensors["d2t"] = chosen - torch.arange(drafter.draft_vocab_size)
+        t2d = torch.zeros(drafter.vocab_size, dtype=torch.bool)
+        t2d[chosen] = True
+        tensors["t2d"] = t2d
+    save_file(tensors, str(directory / spec.WEIGHTS_FILE))
+    return directory
+
+
+@pytest.fixture
+def drafter(tmp_path: Path) -> Path:
+    return _write(tmp_path / "drafter", _spec())
+
+
+def test_valid_drafter_has_no_problems(drafter: Path):
+    assert spec.validate(drafter, TARGET) == []
+    assert DrafterSpec.read(drafter).variant == "eagle3.1"
+
+
+def test_round_trip_is_lossless_and_keeps_unknown_keys(tmp_path: Path):
+    raw = _spec().model_dump(mode="json") | {"speculators_version": "0.9.0", "eagle_config": {}}
+    (tmp_path / spec.CONFIG_FILE).write_text(json.dumps(raw))
+    DrafterSpec.read(tmp_path).write(tmp_path)
+    assert json.loads((tmp_path / spec.CONFIG_FILE).read_text()) == raw
+
+
+def test_variants():
+    assert _spec(fc_norm=False, norm_output=False).variant == "eagle3"
+    assert _spec(norm_output=False).variant.startswith("custom")
+
+
+def _problems(tmp_path: Path, drafter: DrafterSpec, target=TARGET, tensors=None) -> list[str]:
+    return spec.validate(_write(tmp_path / "d", drafter, tensors), target)
+
+
+@pytest.mark.parametrize(
+    ("changes", "target_changes", "expected"),
+    [
+        ({"target_hidden_size": 32}, {}, "target_hidden_size: 32 but the target's hidden_size"),
+        ({}, {"vocab_size": 1024}, "vocab_size: 512 but the target's vocab_size is 1024"),
+        ({"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}, {}, "layer_ids.2: 6 is outside"),
+        ({"norm_before_fc": True}, {}, "norm_before_fc: cannot be combined with fc_norm"),
+        ({"architectures": ["LlamaForCausalLM"]}, {}, "architectures: must be"),
+        ({"draft_vocab_size": 600}, {}, "draft_vocab_size: larger than vocab_size"),
+    ],
+)
+def test_config_problems(tmp_path, changes, target_changes, expected):
+    problems = _problems(tmp_path, _spec(**changes), TARGET | target_changes)
+    assert any(expected in p for p in problems), problems
+
+
+def test_variant_must_be_stated(tmp_path: Path, drafter: Path):
+    raw = json.loads((drafter / spec.CONFIG_FILE).read_text())
+    del raw["fc_norm"], raw["norm_before_residual"]
+    (drafter / spec.CONFIG_FILE).write_text(json.dumps(raw))
+    problems = spec.validate(drafter, TARGET)
+    assert any("fc_norm: must be stated" in p for p in problems)
+    assert any("norm_before_residual: must be stated" in p for p in problems)
+
+
+def test_tensor_problems(tmp_path: Path):
+    drafter = _spec()
+    tensors = {name: torch.zeros(shape) for name, shape in drafter.expected_tensors().items()}
+    del tensors["fc_norm.1.weight"]
+    tensors["fc.weight"] = torch.zeros(64, 64)
+    tensors["extra.weight"] = torch.zeros(3)
+    problems = _problems(tmp_path, drafter, tensors=tensors)
+    assert any("fc_norm.1.weight: missing" in p for p in problems)
+    assert any("fc.weight: shape [64, 64], expected [64, 192]" in p for p in problems)
+    assert any("extra.weight: unexpected tensor" in p for p in problems)
+
+
+def _mapping(draft_to_target: torch.Tensor, t2d_ids: torch.Tensor) -> dict:
+    drafter = _spec()
+    tensors = {name: torch.zeros(shape) for name, shape in drafter.expected_tensors().items()}
+    tensors["d2t"] = draft_to_target - torch.arange(100)
+    t2d = torch.zeros(512, dtype=torch.bool)
+    t2d[t2d_ids] = True
+    tensors["t2d"] = t2d
+    return tensors
+
+
+@pytest.mark.parametrize(
+    ("draft_to_target", "t2d_ids", "expected"),
+    [
+        (torch.arange(100).flip(0), torch.arange(100), "must be sorted and unique"),
+        (torch.arange(450, 550), torch.arange(100), "outside the target vocabulary"),
+        (torch.arange(100), torch.arange(1, 101), "t2d: does not mark exactly"),
+    ],
+)
+def test_mapping_problems(tmp_path, draft_to_target, t2d_ids, expected):
+    problems = _problems(tmp_path, _spec(), tensors=_mapping(draft_to_target, t2d_ids))
+    assert any(expected in p for p in problems), problems
+
+
+def test_config_refuses_pool_with_invalid_drafter(tmp_path: Path):
+    target_dir = tmp_path / "target"
+    target_dir.mkdir()
+    (target_dir / spec.CONFIG_FILE).write_text(json.dumps(TARGET))
+    _write(tmp_path / "good", _spec())
+    _write(tmp_path / "bad", _spec(target_hidden_size=32))
+
+    def config(drafter: str) -> dict:
+        return {
+            "targets": [{"id": "t", "source": "target"}],
+            "pools": [
+                {
+                    "name": "spec",
+                    "target": "t",
+                    "role": "speculative",
+                    "speculation": {
+                        "method": "eagle3",
+                        "drafter": drafter,
+                        "num_speculative_tokens": 3,
+                    },
+                }
+            ],
+        }
+
+    parse_config(config("good"), "c.yaml", tmp_path)
+    with pytest.raises(ConfigError) as error:
+        parse_config(config("bad"), "c.yaml", tmp_path)
+    assert str(error.value).startswith("c.yaml: pools[0].speculation.drafter: ")
+    assert "target_hidden_size: 32" in str(error.value)
+    with pytest.raises(ConfigError, match=r"pools\[0\].speculation.drafter: missing: no such"):
+        parse_config(config("missing"), "c.yaml", tmp_path)

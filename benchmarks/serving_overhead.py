@@ -29,7 +29,7 @@ PROMPT = "Write a Python function that parses an ISO 8601 date string and explai
 def measure_cluster(config_path: Path, n: int, max_tokens: int) -> dict:
     config = yaml.safe_load(config_path.read_text())
     config["server"].pop("port", None)  # a free port
-    with ServeProcess(config) as serve:
+    with ServeProcess(config, base_dir=config_path.parent) as serve:
         url = f"{serve.base_url}/v1/completions"
         body = {
             "model": config["targets"][0]["id"],

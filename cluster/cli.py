@@ -200,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cluster.drafters.cli import add_commands as add_drafter_commands
 
     add_drafter_commands(commands)
+
+    from cluster.bench.cli import add_command as add_bench_command
+
+    add_bench_command(commands)
     return parser
 
 

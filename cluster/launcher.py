@@ -7,12 +7,16 @@ records the exit code, so no Ray or vLLM process outlives the caller.
 
 from __future__ import annotations
 
+import copy
+import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +31,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def with_absolute_paths(config_data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A copy of YAML data whose local target and drafter paths no longer depend on where the
+    file is written (relative paths are relative to the original file's directory)."""
+    from cluster.config import EMBEDDED_SOURCE_PREFIX
+
+    def absolute(location: str) -> str:
+        if "://" in location or location.startswith(EMBEDDED_SOURCE_PREFIX):
+            return location
+        return str((base_dir / location).resolve())
+
+    data = copy.deepcopy(config_data)
+    for target in data.get("targets", []):
+        if isinstance(target.get("source"), str):
+            target["source"] = absolute(target["source"])
+    for pool in data.get("pools", []):
+        speculation = pool.get("speculation") or {}
+        if isinstance(speculation.get("drafter"), str):
+            speculation["drafter"] = absolute(speculation["drafter"])
+    return data
+
+
 class ServeProcess:
-    def __init__(self, config_data: dict[str, Any], *, start_timeout_s: float = 600):
+    def __init__(
+        self,
+        config_data: dict[str, Any],
+        *,
+        base_dir: Path | None = None,
+        start_timeout_s: float = 600,
+    ):
+        """`base_dir`: the directory relative paths in `config_data` are relative to."""
+        if base_dir is not None:
+            config_data = with_absolute_paths(config_data, base_dir)
         self.config = {**config_data, "server": {**config_data.get("server", {})}}
         self.config["server"].setdefault("port", free_port())
         self.port = self.config["server"]["port"]
@@ -77,3 +111,83 @@ class ServeProcess:
     def __exit__(self, *exc: object) -> None:
         self.stop()
         self._workdir.cleanup()
+
+
+def vllm_server_command(llm_config: dict[str, Any], port: int) -> tuple[list[str], dict[str, str]]:
+    """`vllm.entrypoints.openai.api_server` with a pool's own model and engine settings
+    (`pool_llm_config_dict` data) and the environment the pool's replicas get."""
+    loading = llm_config["model_loading_config"]
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", loading["model_source"],
+        "--served-model-name", loading["model_id"],
+        "--host", "127.0.0.1",
+        "--port", str(port),
+    ]  # fmt: skip
+    for key, value in llm_config["engine_kwargs"].items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append(f"--no-{flag[2:]}")
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    env = {**os.environ, **llm_config.get("runtime_env", {}).get("env_vars", {})}
+    return argv, env
+
+
+class VLLMServerProcess:
+    """vLLM's own OpenAI server in a child process (the serving-overhead baseline)."""
+
+    def __init__(self, llm_config: dict[str, Any], *, start_timeout_s: float = 600):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.argv, self.env = vllm_server_command(llm_config, self.port)
+        self.start_timeout_s = start_timeout_s
+        self._log = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
+        self.ready_s: float | None = None
+        self._process: subprocess.Popen | None = None
+
+    def log(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def __enter__(self) -> VLLMServerProcess:
+        started = time.monotonic()
+        # Its own process group: the engine core it spawns goes down with it.
+        self._process = subprocess.Popen(
+            self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        while not self._healthy():
+            if (
+                self._process.poll() is not None
+                or time.monotonic() - started > self.start_timeout_s
+            ):
+                self.stop()
+                raise RuntimeError(f"vLLM server did not start:\n{self.log()[-4000:]}")
+            time.sleep(1)
+        self.ready_s = time.monotonic() - started
+        return self
+
+    def stop(self, timeout_s: float = 60) -> None:
+        if self._process is None or self._process.poll() is not None:
+            return
+        os.killpg(self._process.pid, signal.SIGINT)
+        try:
+            self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        Path(self._log.name).unlink(missing_ok=True)

@@ -105,6 +105,21 @@ class SpecCounters:
         )
 
     @classmethod
+    def from_engine_metrics(cls, metrics: dict[str, float]) -> SpecCounters:
+        """From a pool's `EngineStats.as_metrics()` (what `/cluster/pools` reports)."""
+        positions = sorted(
+            (int(key.rsplit("_", 1)[1]), int(value))
+            for key, value in metrics.items()
+            if key.startswith("spec_accepted_pos_")
+        )
+        return cls(
+            drafts=int(metrics.get("spec_drafts", 0)),
+            draft_tokens=int(metrics.get("spec_draft_tokens", 0)),
+            accepted=int(metrics.get("spec_accepted_tokens", 0)),
+            accepted_per_position=tuple(value for _, value in positions),
+        )
+
+    @classmethod
     def from_prometheus(cls, text: str) -> SpecCounters:
         """From a Prometheus exposition page (`GET /metrics` of a vLLM OpenAI server)."""
         totals: dict[str, float] = {}

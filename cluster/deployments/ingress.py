@@ -177,6 +177,7 @@ class ClusterIngress(OpenAiIngress):
         self._pools = {pool.name: pool for pool in pools}
         self._pool_of_role = {(pool.target, pool.role): pool for pool in pools}
         self._pool_handles = {name: h.options(stream=True) for name, h in pool_handles.items()}
+        self._stats_handles = pool_handles
         # Requests that bypass routing (embeddings, tokenize, ...) use the throughput pool.
         default_pools = {
             target: (
@@ -194,6 +195,7 @@ class ClusterIngress(OpenAiIngress):
         self._tokenizers = {target: _load_tokenizer(path) for target, path in tokenizers.items()}
         self._tracer = make_tracer_provider(telemetry).get_tracer(TRACER_NAME)
         self._in_flight: Counter = Counter()
+        self._routed: Counter = Counter()  # requests this ingress replica sent to each pool
         self._running_replicas: dict[str, int] = {name: 0 for name in self._pools}
         self._status_task: asyncio.Task | None = None
         self._status_ready = asyncio.Event()
@@ -255,6 +257,7 @@ class ClusterIngress(OpenAiIngress):
             self._routing,
         )
         pool = self._pool_of_role[(target, decision.role)]
+        self._routed[pool.name] += 1
         return pool, decision, prompt_tokens
 
     # -- request path --------------------------------------------------------------------------
@@ -345,6 +348,33 @@ class ClusterIngress(OpenAiIngress):
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
+    async def pools(self) -> JSONResponse:
+        """Operators and benchmarks: per pool, its load, the requests this ingress replica
+        routed to it, and one replica's engine signals (cumulative speculation counters)."""
+        loads = await self._pool_loads()
+
+        async def stats(name: str) -> dict[str, float] | None:
+            if not loads[name].up:
+                return None
+            try:
+                return await asyncio.wait_for(self._stats_handles[name].stats.remote(), 10)
+            except Exception as error:  # a replica that is starting or gone: report, not fail
+                logger.warning("stats of pool %s unavailable: %s", name, error)
+                return None
+
+        engine_stats = await asyncio.gather(*(stats(name) for name in self._pools))
+        body = {
+            name: {
+                "role": pool.role,
+                "running_replicas": loads[name].running_replicas,
+                "in_flight": loads[name].in_flight,
+                "routed": self._routed[name],
+                "engine": engine,
+            }
+            for (name, pool), engine in zip(self._pools.items(), engine_stats, strict=True)
+        }
+        return JSONResponse(body)
+
 
 class _RequireJSON(BaseHTTPMiddleware):
     """POST bodies of the API must be JSON; anything else is a 415 in OpenAI's error shape."""
@@ -373,5 +403,6 @@ def make_ingress_class(cls: type[ClusterIngress] = ClusterIngress) -> type:
         **DEFAULT_ENDPOINTS,
         "healthz": lambda app: app.get("/healthz"),
         "readyz": lambda app: app.get("/readyz"),
+        "pools": lambda app: app.get("/cluster/pools"),
     }
     return make_fastapi_ingress(cls, endpoint_map=endpoints, app=app)

@@ -29,7 +29,7 @@ def cluster():
     config["server"].pop("port")  # a free port
     with OTLPReceiver() as otlp:
         config["telemetry"] = {"otlp_endpoint": otlp.endpoint, "export_delay_ms": 200}
-        with ServeProcess(config) as serve:
+        with ServeProcess(config, base_dir=ROOT / "configs") as serve:
             assert requests.get(f"{serve.base_url}/readyz", timeout=10).status_code == 200
             yield RunningCluster(serve.base_url, config["targets"][0]["id"], otlp)
             # Ctrl-C is how users stop it: it must shut Ray down and exit 0.

@@ -1,0 +1,104 @@
+"""Per-request metrics and their aggregation (plain Python: no vLLM, no Ray).
+
+The load generator (`vllm.benchmarks.serve`) returns per-request arrays; `requests_from_vllm`
+turns them into `RequestSample`s, and `summarize` aggregates one (config, scenario) cell.
+
+- TTFT: time to first token.
+- TPOT: (latency - TTFT) / (output tokens - 1), the decode time per token a user sees.
+- per-user tok/s: 1 / TPOT, the rate one stream decodes at (what speculation lifts).
+- aggregate tok/s: all output tokens / wall time of the run (what batching lifts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class RequestSample:
+    ttft_s: float
+    latency_s: float
+    output_tokens: int
+    prompt_tokens: int
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
+    def per_user_tok_s(self) -> float | None:
+        tpot = self.tpot_s
+        return 1 / tpot if tpot else None
+
+
+def requests_from_vllm(result: dict[str, Any]) -> tuple[list[RequestSample], list[str]]:
+    """Successful requests of a `vllm.benchmarks.serve` result, and the failed ones' errors."""
+    samples, errors = [], []
+    for ttft, latency, out, prompt, error in zip(
+        result["ttfts"],
+        result["latencies"],
+        result["output_lens"],
+        result["input_lens"],
+        result["errors"],
+        strict=True,
+    ):
+        if error or not out:
+            errors.append(error or "no output")
+            continue
+        samples.append(RequestSample(ttft, latency, out, prompt))
+    return samples, errors
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def distribution(values: Iterable[float | None]) -> dict[str, float]:
+    present = [v for v in values if v is not None]
+    if not present:
+        return {"mean": math.nan} | {f"p{q}": math.nan for q in PERCENTILES}
+    return {"mean": sum(present) / len(present)} | {
+        f"p{q}": percentile(present, q) for q in PERCENTILES
+    }
+
+
+def summarize(samples: list[RequestSample], duration_s: float, failed: int) -> dict[str, Any]:
+    """Aggregate one cell: distributions of every per-request metric, plus throughput."""
+    return {
+        "completed": len(samples),
+        "failed": failed,
+        "duration_s": duration_s,
+        "ttft_s": distribution(s.ttft_s for s in samples),
+        "tpot_s": distribution(s.tpot_s for s in samples),
+        "latency_s": distribution(s.latency_s for s in samples),
+        "per_user_tok_s": distribution(s.per_user_tok_s for s in samples),
+        "aggregate_tok_s": sum(s.output_tokens for s in samples) / duration_s
+        if duration_s > 0
+        else math.nan,
+        "output_tokens": sum(s.output_tokens for s in samples),
+        "prompt_tokens": distribution(float(s.prompt_tokens) for s in samples),
+    }
+
+
+def lift(cell: dict[str, Any], baseline: dict[str, Any] | None) -> float | None:
+    """Mean per-user tok/s of `cell` over the baseline's (None without a baseline)."""
+    if not baseline:
+        return None
+    base = baseline["per_user_tok_s"]["mean"]
+    value = cell["per_user_tok_s"]["mean"]
+    if not base or math.isnan(base) or math.isnan(value):
+        return None
+    return value / base

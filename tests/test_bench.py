@@ -58,9 +58,7 @@ def test_workloads_are_deterministic_and_from_real_files(tokenizer, tmp_path):
         assert abs(len(tokenizer.encode(snippet, add_special_tokens=False)) - 512) < 16
     mixed = workloads.read_jsonl(first["mixed"])
     assert {p.kind for p in mixed} == {"code-long", "chat-short"}
-    other_seed = build_workloads(
-        Plan(**{**plan.__dict__, "seed": 7}), tokenizer, tmp_path / "c"
-    )
+    other_seed = build_workloads(Plan(**{**plan.__dict__, "seed": 7}), tokenizer, tmp_path / "c")
     assert other_seed["code-long-512"].read_bytes() != first["code-long-512"].read_bytes()
 
 

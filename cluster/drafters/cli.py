@@ -47,7 +47,13 @@ def _cmd_data(args: argparse.Namespace) -> int:
     from cluster.drafters import data
 
     target = resolve_target(args.target)
-    recipe = data.DataRecipe(seed=args.seed).scaled(args.scale)
+    recipe = data.DataRecipe(
+        code_long_contexts=args.contexts,
+        code_long_per_context=args.per_context,
+        chat_short=args.chat,
+        output_tokens=args.output_tokens,
+        seed=args.seed,
+    )
     for split, out, fraction in (("eval", args.val_out, args.val_fraction), ("train", args.out, 1)):
         data.generate(target, Path(out), recipe.scaled(fraction), split, args.batch_size)
     for out in (args.val_out, args.out):
@@ -120,6 +126,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
+    from cluster.drafters.data import DataRecipe
+
     drafters = commands.add_parser(
         "drafters",
         help="EAGLE 3 / 3.1 drafters: validate, build training data, train, export, evaluate",
@@ -138,13 +146,28 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "data",
         help="self-distillation data: the target answers prompts built from stdlib code "
         "(vLLM), then its hidden states are captured (resumable)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     data.add_argument("--target", default=EMBEDDED_TARGET)
     data.add_argument("--out", default=str(_default_data_dir("train")), help="training set dir")
     data.add_argument(
         "--val-out", default=str(_default_data_dir("val")), help="validation set dir (eval files)"
     )
-    data.add_argument("--scale", type=float, default=1.0, help="fraction of the full recipe")
+    defaults = DataRecipe()
+    data.add_argument(
+        "--contexts",
+        type=lambda text: tuple(int(part) for part in text.split(",")),
+        default=defaults.code_long_contexts,
+        help="code tokens of the continuation prompts (comma-separated)",
+    )
+    data.add_argument(
+        "--per-context", type=int, default=defaults.code_long_per_context,
+        help="continuation prompts per context length",
+    )  # fmt: skip
+    data.add_argument("--chat", type=int, default=defaults.chat_short, help="instruction prompts")
+    data.add_argument(
+        "--output-tokens", type=int, default=defaults.output_tokens, help="max response tokens"
+    )
     data.add_argument(
         "--val-fraction", type=float, default=0.08, help="validation size relative to training"
     )
@@ -153,7 +176,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     data.set_defaults(func=_cmd_data)
 
     train = actions.add_parser(
-        "train", help="train a drafter (checkpoints every N steps; rerun to resume)"
+        "train",
+        help="train a drafter (checkpoints every N steps; rerun to resume)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     train.add_argument("--target", default=EMBEDDED_TARGET)
     train.add_argument("--data", default=str(_default_data_dir("train")))

@@ -103,6 +103,22 @@ def _run_method(
     Path(result_path).write_text(json.dumps(result))
 
 
+def run_isolated(target: Path, method: Method, buckets: dict[str, list[dict]], cores: str) -> dict:
+    """`_run_method` in a fresh spawned process (its own engine, threads and memory)."""
+    context = multiprocessing.get_context("spawn")
+    result_path = Path(f"/tmp/cluster-eval-{os.getpid()}-{method.name}.json")
+    child = context.Process(
+        target=_run_method, args=(str(target), method, buckets, cores, str(result_path))
+    )
+    child.start()
+    child.join()
+    if child.exitcode != 0 or not result_path.exists():
+        raise RuntimeError(f"eval of {method.name} failed (exit code {child.exitcode})")
+    result = json.loads(result_path.read_text())
+    result_path.unlink()
+    return result
+
+
 def evaluate(
     target: Path,
     chosen: list[Method],
@@ -124,20 +140,10 @@ def evaluate(
         ]
         for label, context in BUCKETS
     }
-    context = multiprocessing.get_context("spawn")
-    results: dict[str, Any] = {}
-    for method in tqdm(chosen, desc="eval methods", unit="method"):
-        result_path = Path(f"/tmp/cluster-eval-{os.getpid()}-{method.name}.json")
-        child = context.Process(
-            target=_run_method,
-            args=(str(target), method, buckets, cores, str(result_path)),
-        )
-        child.start()
-        child.join()
-        if child.exitcode != 0 or not result_path.exists():
-            raise RuntimeError(f"eval of {method.name} failed (exit code {child.exitcode})")
-        results[method.name] = json.loads(result_path.read_text())
-        result_path.unlink()
+    results = {
+        method.name: run_isolated(target, method, buckets, cores)
+        for method in tqdm(chosen, desc="eval methods", unit="method")
+    }
     baseline = results.get("none")
     for per_bucket_result in results.values():
         for label, r in per_bucket_result.items():

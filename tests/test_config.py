@@ -11,6 +11,7 @@ from cluster.deployments.app import render
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PRESETS = sorted(CONFIGS.glob("*.yaml"))
+SHIPPED_DRAFTER = CONFIGS.parent / "drafters" / "smollm2-135m-instruct-eagle3.1"
 
 
 def embedded_data() -> dict:
@@ -136,6 +137,9 @@ def test_invalid_yaml_and_missing_file_name_the_file(tmp_path):
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path):
+    # a real drafter must be there: the config validates it against the target when it loads
+    (tmp_path / "drafters").mkdir()
+    (tmp_path / "drafters" / "mine").symlink_to(SHIPPED_DRAFTER)
     data = _mutate(
         "pools.0.speculation",
         {"method": "eagle3", "drafter": "drafters/mine", "num_speculative_tokens": 3},

@@ -175,3 +175,33 @@ def test_config_refuses_pool_with_invalid_drafter(tmp_path: Path):
     assert "target_hidden_size: 32" in str(error.value)
     with pytest.raises(ConfigError, match=r"pools\[0\].speculation.drafter: missing: no such"):
         parse_config(config("missing"), "c.yaml", tmp_path)
+
+
+def test_recipe_commands_reproduce_the_recorded_run():
+    import shlex
+    from dataclasses import asdict
+
+    from cluster.cli import build_parser
+    from cluster.drafters.data import DataRecipe
+    from cluster.drafters.export import recipe_of
+    from cluster.drafters.train import TrainConfig
+
+    data_recipe = DataRecipe(code_long_contexts=(128, 256), chat_short=7, output_tokens=64)
+    cfg = TrainConfig(variant="eagle3", steps=123, lr=3e-4, seed=5, bf16=False)
+    run_info = {"data_recipe": asdict(data_recipe), "train": asdict(cfg)}
+    recipe = recipe_of(run_info, step=120, name="d")
+    data_cmd, train_cmd, export_cmd = (shlex.split(c)[1:] for c in recipe["reproduce"])
+    data_args, train_args = (
+        build_parser().parse_args(data_cmd),
+        build_parser().parse_args(train_cmd),
+    )
+    assert data_args.contexts == (128, 256) and data_args.chat == 7
+    assert data_args.output_tokens == 64 and data_args.per_context == 120
+    assert (train_args.variant, train_args.steps, train_args.lr, train_args.seed) == (
+        "eagle3",
+        123,
+        3e-4,
+        5,
+    )
+    assert build_parser().parse_args(export_cmd).out == "drafters/d"
+    assert recipe["exported_step"] == 120 and recipe["train"]["bf16"] is False

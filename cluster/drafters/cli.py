@@ -72,6 +72,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         max_sample_tokens=args.max_sample_tokens,
         draft_vocab_size=args.draft_vocab_size,
         lr=args.lr,
+        warmup_steps=args.warmup_steps,
         seed=args.seed,
         threads=args.threads,
         checkpoint_every=args.checkpoint_every,
@@ -114,6 +115,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         cores=args.cores,
     )
     evaluate.write_report(report, Path(args.out), Path(args.plot) if args.plot else None)
+    if args.write_drafter_metrics:
+        evaluate.write_drafter_metrics(report, drafters)
     for name, per_bucket in report["results"].items():
         cells = [
             f"{label}: AL {r['mean_acceptance_length'] or 1:.2f}, "
@@ -190,7 +193,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--tokens-per-step", type=int, default=4096)
     train.add_argument("--max-sample-tokens", type=int, default=2048)
     train.add_argument("--draft-vocab-size", type=int, default=8192)
-    train.add_argument("--lr", type=float, default=6e-4)
+    train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
+    train.add_argument("--warmup-steps", type=int, default=40, help="linear warm-up steps")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     train.add_argument("--checkpoint-every", type=int, default=50)
@@ -220,6 +224,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--output-tokens", type=int, default=128)
     evaluate.add_argument(
         "--cores", default="0-1", help="CPU cores for vLLM (VLLM_CPU_OMP_THREADS_BIND)"
+    )
+    evaluate.add_argument(
+        "--write-drafter-metrics",
+        action="store_true",
+        help="also write each drafter's results to DIR/metrics.json (shipped drafters)",
     )
     evaluate.add_argument("--out", default="drafter-eval.json")
     evaluate.add_argument("--plot", default="drafter-eval.png")

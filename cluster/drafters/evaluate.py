@@ -175,6 +175,23 @@ def write_report(report: dict[str, Any], out_json: Path, out_png: Path | None) -
         plot(report, out_png)
 
 
+METRICS_FILE = "metrics.json"
+
+
+def write_drafter_metrics(report: dict[str, Any], drafters: dict[str, Path]) -> None:
+    """Each drafter's own results, with the baselines measured in the same run, into
+    `DIR/metrics.json` (shipped next to the weights)."""
+    baselines = {n: r for n, r in report["results"].items() if n not in drafters}
+    for name, path in drafters.items():
+        metrics = {key: report[key] for key in ("target", "workload", "machine")}
+        metrics |= {
+            "speculative_config": report["methods"][name],
+            "results": report["results"][name],
+            "baselines": baselines,
+        }
+        (path / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+
+
 def plot(report: dict[str, Any], path: Path) -> Path:
     import matplotlib
 

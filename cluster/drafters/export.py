@@ -2,20 +2,62 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors.torch import save_file
 
 from cluster.drafters import spec as drafter_spec
-from cluster.drafters.train import CHECKPOINT
+from cluster.drafters.train import CHECKPOINT, RUN_INFO
 
 _INTEGER_TENSORS = {"d2t", "t2d"}
 
 
+RECIPE_FILE = "recipe.yaml"
+
+# `cluster drafters train` flags of the TrainConfig fields (the others keep their defaults).
+_TRAIN_FLAGS = (
+    "variant", "steps", "ttt_steps", "tokens_per_step", "max_sample_tokens",
+    "draft_vocab_size", "lr", "warmup_steps", "seed", "threads", "checkpoint_every", "val_samples",
+)  # fmt: skip
+
+
 class ExportError(ValueError):
     pass
+
+
+def recipe_of(run_info: dict, step: int, name: str) -> dict:
+    """What a drafter was made from, and the commands that make it again."""
+    data, train = run_info["data_recipe"], run_info["train"]
+    data_command = (
+        "cluster drafters data"
+        f" --contexts {','.join(map(str, data['code_long_contexts']))}"
+        f" --per-context {data['code_long_per_context']} --chat {data['chat_short']}"
+        f" --output-tokens {data['output_tokens']} --seed {data['seed']}"
+    )
+    train_command = (
+        "cluster drafters train --out runs/"
+        + name
+        + "".join(f" --{flag.replace('_', '-')} {train[flag]}" for flag in _TRAIN_FLAGS)
+    )
+    return {
+        "variant": train["variant"],
+        "exported_step": step,
+        "data": data
+        | {
+            "prompts": "stdlib `train` split (cluster/workloads.py), target's greedy responses",
+            "validation": "stdlib `eval` split, 8% of the training prompt count",
+        },
+        "train": train,
+        "reproduce": [
+            data_command,
+            train_command,
+            f"cluster drafters export runs/{name} --out drafters/{name}",
+        ],
+    }
 
 
 def export(run_dir: Path, target: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
@@ -35,6 +77,10 @@ def export(run_dir: Path, target: Path, out: Path, dtype: torch.dtype = torch.bf
     spec.dtype = str(dtype).removeprefix("torch.")
     spec.write(tmp)
     save_file(tensors, str(tmp / drafter_spec.WEIGHTS_FILE), metadata={"format": "pt"})
+    if (run_dir / RUN_INFO).is_file():
+        run_info = json.loads((run_dir / RUN_INFO).read_text())
+        recipe = recipe_of(run_info, state["step"], out.name)
+        (tmp / RECIPE_FILE).write_text(yaml.safe_dump(recipe, sort_keys=False, width=100))
     problems = drafter_spec.validate(tmp, drafter_spec.read_target_config(target))
     if problems:
         raise ExportError("\n".join(problems))

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cluster.drafters import spec
 from cluster.drafters.evaluate import Method, run_isolated
@@ -36,16 +37,16 @@ def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
     data, val, run, drafter = (tmp_path / n for n in ("data", "val", "run", "drafter"))
     _cluster(
         "data", "--out", str(data), "--val-out", str(val), "--contexts", "128",
-        "--per-context", "16", "--chat", "16", "--output-tokens", "48",
+        "--per-context", "8", "--chat", "8", "--output-tokens", "32",
         "--val-fraction", "0.25",
     )  # fmt: skip
     records = [json.loads(line) for line in (data / "responses.jsonl").read_text().splitlines()]
-    assert len(records) == 32 and all(r["output_ids"] for r in records)
+    assert len(records) == 16 and all(r["output_ids"] for r in records)
     _cluster(
-        "train", "--data", str(data), "--val", str(val), "--out", str(run), "--steps", "60",
-        "--tokens-per-step", "1024", "--max-sample-tokens", "512", "--ttt-steps", "3",
-        "--draft-vocab-size", "2048", "--lr", "2e-3", "--checkpoint-every", "30",
-        "--val-samples", "4",
+        "train", "--data", str(data), "--val", str(val), "--out", str(run), "--steps", "24",
+        "--tokens-per-step", "512", "--max-sample-tokens", "384", "--ttt-steps", "3",
+        "--draft-vocab-size", "1024", "--lr", "3e-3", "--checkpoint-every", "12",
+        "--val-samples", "2",
     )  # fmt: skip
     history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
     first, last = history[:5], history[-5:]
@@ -53,6 +54,8 @@ def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
     assert "val_acceptance_estimate" in history[-1]
 
     _cluster("export", str(run), "--out", str(drafter))
+    recipe = yaml.safe_load((drafter / "recipe.yaml").read_text())
+    assert (recipe["variant"], recipe["exported_step"]) == ("eagle3.1", 24)
     assert spec.validate(drafter, spec.read_target_config(target)) == []
     assert "ok: eagle3.1" in _cluster("validate", "embedded:smollm2-135m-instruct", str(drafter))
 

@@ -155,6 +155,8 @@ def test_cli_render_prints_what_will_be_deployed(capsys):
     assert main(["config", "render", str(CONFIGS / "embedded.yaml")]) == 0
     rendered = yaml.safe_load(capsys.readouterr().out)
     spec = rendered["pools"]["speculative"]["llm_config"]
-    assert spec["engine_kwargs"]["speculative_config"]["method"] == "ngram"
+    speculative_config = spec["engine_kwargs"]["speculative_config"]
+    assert speculative_config["method"] == "eagle3"
+    assert speculative_config["model"] == str(SHIPPED_DRAFTER)
     assert spec["placement_group_config"]["bundles"] == [{"CPU": 1}]
     assert spec["deployment_config"]["autoscaling_config"]["min_replicas"] == 1

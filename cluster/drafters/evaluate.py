@@ -9,10 +9,12 @@ mean acceptance length and per-position acceptance. Writes JSON and a PNG.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import platform
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +63,7 @@ def _run_method(
     target: str, method: Method, buckets: dict[str, list[dict]], cores: str, result_path: str
 ) -> None:
     """Child process: one engine, every bucket, single stream; writes JSON to result_path."""
+    os.setsid()  # own process group: the parent can stop vLLM's engine processes with it
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
@@ -114,14 +117,12 @@ def run_isolated(target: Path, method: Method, buckets: dict[str, list[dict]], c
     while child.is_alive() and not result_path.exists():
         child.join(timeout=1)
     # vLLM's engine shutdown at interpreter exit can hang in a spawned child once the result
-    # is written (seen here with vLLM-cpu 0.32): give it a grace period, then stop it.
+    # is written (seen here with vLLM-cpu 0.32), leaving its engine processes behind: give it
+    # a grace period, then stop the whole process group.
     child.join(timeout=20)
-    if child.is_alive():
-        child.terminate()
-        child.join(timeout=10)
-        if child.is_alive():
-            child.kill()
-            child.join()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)  # the child and its engine processes
+    child.join()
     if not result_path.exists():
         raise RuntimeError(f"eval of {method.name} failed (exit code {child.exitcode})")
     result = json.loads(result_path.read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -189,7 +190,10 @@ def test_span_tree_exported_over_otlp(cluster):
 def test_routing_decisions_are_logged(cluster):
     import glob
 
-    logs = glob.glob("/tmp/ray/session_latest/logs/serve/replica_cluster_ingress_*.log")
+    # The newest session with Serve logs: `session_latest` can point at a session that a Serve
+    # handle in this test process auto-started (no Serve logs there).
+    serve_dir = max(glob.glob("/tmp/ray/session_2*/logs/serve"), key=os.path.getmtime)
+    logs = glob.glob(f"{serve_dir}/replica_cluster_ingress_*.log")
     text = "".join(Path(p).read_text() for p in logs)
     assert "route request=" in text and "pool=speculative reason=long_context" in text
 

@@ -24,8 +24,8 @@ def _our_processes() -> set[str]:
 
 @pytest.mark.e2e
 @pytest.mark.skip(
-    reason="fails since the embedded preset's speculative pool runs the EAGLE 3.1 drafter "
-    "(routed config, 2026-12-03); not yet diagnosed, see the benchmarks issue"
+    reason="failed in its first full run (2026-12-03, routed preset with the EAGLE 3.1 "
+    "drafter); not yet diagnosed, see the benchmarks issue"
 )
 def test_short_bench_writes_a_complete_result(tmp_path: Path):
     before = _our_processes()

@@ -8,6 +8,8 @@ rejected, and every error names the file and the field path on one line.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -322,9 +324,29 @@ class ClusterConfig(_Strict):
 
     def resolve_path(self, location: str) -> str:
         """A local path relative to the config file becomes absolute; URIs stay as they are."""
-        if "://" in location or location.startswith(EMBEDDED_SOURCE_PREFIX):
+        if not is_local_path(location):
             return location
         return str((self._base_dir / location).resolve())
+
+
+def is_local_path(location: str) -> bool:
+    """Whether a target source or drafter location is a path on disk (not a URI, not embedded)."""
+    return "://" not in location and not location.startswith(EMBEDDED_SOURCE_PREFIX)
+
+
+def map_local_paths(config_data: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any]:
+    """A copy of config data (the YAML mapping) with each local target source and drafter path
+    passed through `convert`; URIs and embedded sources stay as they are."""
+    data = copy.deepcopy(config_data)
+    holders = [
+        *data.get("targets", []),
+        *(p.get("speculation") or {} for p in data.get("pools", [])),
+    ]
+    for holder in holders:
+        for key in ("source", "drafter"):
+            if isinstance(holder.get(key), str) and is_local_path(holder[key]):
+                holder[key] = convert(holder[key])
+    return data
 
 
 def _unique(values: list[str], field: str, key: str) -> None:

@@ -9,12 +9,16 @@ with the Ray autoscaler on, so Serve autoscaling becomes pods and pending pods b
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-from cluster.config import ClusterConfig, PoolConfig
+from cluster.config import ClusterConfig, PoolConfig, map_local_paths
 
 MODEL_CACHE = "/mnt/cluster-cache"
 NODE_MODEL_CACHE = "/mnt/k8s-disks/0"  # nodeadm's RAID0 of the instance-store NVMe drives
+# The image's working directory: the project checkout, so shipped drafters/ are found there.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _worker_group(
@@ -88,7 +92,7 @@ def rayservice(
                 "name": config.server.app_name,
                 "route_prefix": "/",
                 "import_path": "cluster.deployments.app:app_builder",
-                "args": {"config": config.model_dump(mode="json", exclude_none=True)},
+                "args": {"config": serve_args_config(config)},
             }
         ],
     }
@@ -143,6 +147,16 @@ def rayservice(
             },
         },
     }
+
+
+def serve_args_config(config: ClusterConfig) -> dict[str, Any]:
+    """The config as `app_builder` receives it. Local paths, relative to the config file here,
+    become relative to the project root, which the app resolves against (its working directory
+    in the image); S3 URIs, what production configs use, pass through unchanged."""
+    return map_local_paths(
+        config.model_dump(mode="json", exclude_none=True),
+        lambda location: os.path.relpath(config.resolve_path(location), PROJECT_ROOT),
+    )
 
 
 def dump_yaml(data: Any) -> str:

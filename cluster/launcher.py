@@ -7,7 +7,6 @@ records the exit code, so no Ray or vLLM process outlives the caller.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -34,22 +33,9 @@ def free_port() -> int:
 def with_absolute_paths(config_data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     """A copy of YAML data whose local target and drafter paths no longer depend on where the
     file is written (relative paths are relative to the original file's directory)."""
-    from cluster.config import EMBEDDED_SOURCE_PREFIX
+    from cluster.config import map_local_paths
 
-    def absolute(location: str) -> str:
-        if "://" in location or location.startswith(EMBEDDED_SOURCE_PREFIX):
-            return location
-        return str((base_dir / location).resolve())
-
-    data = copy.deepcopy(config_data)
-    for target in data.get("targets", []):
-        if isinstance(target.get("source"), str):
-            target["source"] = absolute(target["source"])
-    for pool in data.get("pools", []):
-        speculation = pool.get("speculation") or {}
-        if isinstance(speculation.get("drafter"), str):
-            speculation["drafter"] = absolute(speculation["drafter"])
-    return data
+    return map_local_paths(config_data, lambda location: str((base_dir / location).resolve()))
 
 
 class ServeProcess:

@@ -264,10 +264,14 @@ def test_render_kuberay_matches_the_config(config_name, capsys):
     serve_config = yaml.safe_load(spec["serveConfigV2"])
     app = serve_config["applications"][0]
     assert app["import_path"] == "cluster.deployments.app:app_builder"
-    from cluster.config import parse_config
+    from cluster.config import map_local_paths, parse_config
 
-    # The same configuration that runs locally.
-    assert parse_config(app["args"]["config"]).model_dump() == config.model_dump()
+    # The same configuration that runs locally; local paths now relative to the project root,
+    # the image's working directory.
+    rendered = parse_config(app["args"]["config"], base_dir=ROOT)
+    assert map_local_paths(rendered.model_dump(), rendered.resolve_path) == map_local_paths(
+        config.model_dump(), config.resolve_path
+    )
     cluster = spec["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
     assert cluster["headGroupSpec"]["serviceType"] == "ClusterIP"

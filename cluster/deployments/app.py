@@ -187,7 +187,8 @@ def build_app(config: ClusterConfig):
 
 def app_builder(args: dict[str, Any]):
     """Serve application builder for `serveConfigV2` (KubeRay): `args.config` is the cluster
-    YAML as a mapping, validated exactly as `cluster serve` validates a file."""
+    YAML as a mapping, validated exactly as `cluster serve` validates a file; local paths in it
+    are relative to the working directory (the project root in the image, see `kuberay`)."""
     from cluster.config import parse_config
 
     return build_app(parse_config(args["config"], "serveConfigV2.args.config"))

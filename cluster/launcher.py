@@ -7,6 +7,7 @@ records the exit code, so no Ray or vLLM process outlives the caller.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -110,8 +111,13 @@ def vllm_server_command(llm_config: dict[str, Any], port: int) -> tuple[list[str
         "--host", "127.0.0.1",
         "--port", str(port),
     ]  # fmt: skip
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    defaults = {f.name: f.default for f in dataclasses.fields(AsyncEngineArgs)}
     for key, value in llm_config["engine_kwargs"].items():
         flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool) and defaults.get(key) is value:
+            continue  # vLLM's default; plain store_true switches have no --no- form
         if value is True:
             argv.append(flag)
         elif value is False:

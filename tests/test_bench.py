@@ -74,6 +74,29 @@ def test_vllm_custom_dataset_reads_our_jsonl(tokenizer, tmp_path):
     assert requests[0].prompt == workloads.read_jsonl(path)[0].prompt
 
 
+def test_raw_vllm_server_command_parses_with_vllms_own_parser():
+    """The serving-overhead baseline starts `vllm.entrypoints.openai.api_server` with each
+    pool's engine settings; vLLM's parser must accept them and read them back unchanged."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from cluster.config import load_config
+    from cluster.deployments.app import pool_llm_config_dict
+    from cluster.launcher import vllm_server_command
+
+    config = load_config(ROOT / "configs" / "embedded.yaml")
+    for pool in config.pools:
+        llm_config = pool_llm_config_dict(config, pool)
+        argv, _ = vllm_server_command(llm_config, 8123)
+        parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[3:])
+        assert parsed.port == 8123
+        for key, value in llm_config["engine_kwargs"].items():
+            got = getattr(parsed, key)
+            if isinstance(value, dict) and isinstance(got, str):
+                got = json.loads(got)
+            assert got == value, key
+
+
 RECORDED = {  # the shape `vllm.benchmarks.serve` returns, values from a real run
     "ttfts": [0.20, 0.25, 0.0, 0.31],
     "latencies": [2.70, 3.05, 0.0, 3.31],

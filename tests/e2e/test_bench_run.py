@@ -23,10 +23,6 @@ def _our_processes() -> set[str]:
 
 
 @pytest.mark.e2e
-@pytest.mark.skip(
-    reason="cluster bench fails: vllm.benchmarks.serve's result has no per-request 'ttfts' "
-    "(KeyError in metrics.requests_from_vllm); fix pending, see the benchmarks issue"
-)
 def test_short_bench_writes_a_complete_result(tmp_path: Path):
     before = _our_processes()
     run = subprocess.run(

@@ -188,8 +188,13 @@ def test_recipe_commands_reproduce_the_recorded_run():
 
     data_recipe = DataRecipe(code_long_contexts=(128, 256), chat_short=7, output_tokens=64)
     cfg = TrainConfig(variant="eagle3", steps=123, lr=3e-4, seed=5, bf16=False)
-    run_info = {"data_recipe": asdict(data_recipe), "train": asdict(cfg)}
+    run_info = {
+        "data_recipe": asdict(data_recipe),
+        "val_data_recipe": asdict(data_recipe.scaled(0.5)),
+        "train": asdict(cfg),
+    }
     recipe = recipe_of(run_info, step=120, name="d")
+    assert recipe["data"]["validation"].endswith("60 prompts per context, 4 chat prompts")
     data_cmd, train_cmd, export_cmd = (shlex.split(c)[1:] for c in recipe["reproduce"])
     data_args, train_args = (
         build_parser().parse_args(data_cmd),

@@ -29,6 +29,15 @@ class ExportError(ValueError):
     pass
 
 
+def _validation_of(val_recipe: dict | None) -> str:
+    if val_recipe is None:  # runs from before the validation recipe was recorded
+        return "stdlib `eval` split"
+    return (
+        f"stdlib `eval` split: {val_recipe['code_long_per_context']} prompts per context, "
+        f"{val_recipe['chat_short']} chat prompts"
+    )
+
+
 def recipe_of(run_info: dict, step: int, name: str) -> dict:
     """What a drafter was made from, and the commands that make it again."""
     data, train = run_info["data_recipe"], run_info["train"]
@@ -49,7 +58,7 @@ def recipe_of(run_info: dict, step: int, name: str) -> dict:
         "data": data
         | {
             "prompts": "stdlib `train` split (cluster/workloads.py), target's greedy responses",
-            "validation": "stdlib `eval` split, 8% of the training prompt count",
+            "validation": _validation_of(run_info.get("val_data_recipe")),
         },
         "train": train,
         "reproduce": [

@@ -266,7 +266,12 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
     info = json.loads((dataset / data.DATASET_INFO).read_text())
     spec = drafter_spec(target_config, info["aux_layer_ids"], cfg)
     spec.write(out)  # the exported config.json, known before training starts
-    run_info = {"data_recipe": info["recipe"], "train": asdict(cfg)}
+    val_info = json.loads((val_dataset / data.DATASET_INFO).read_text())
+    run_info = {
+        "data_recipe": info["recipe"],
+        "val_data_recipe": val_info["recipe"],
+        "train": asdict(cfg),
+    }
     (out / RUN_INFO).write_text(json.dumps(run_info, indent=2) + "\n")  # becomes recipe.yaml
     model = Eagle3Drafter(spec, embed)
     checkpoint_path = out / CHECKPOINT

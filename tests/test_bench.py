@@ -211,9 +211,11 @@ def test_table_and_plots(tmp_path):
             },
             "vllm": {"scenarios": {"code-long-1024@c1": _cell(22), "code-long-1024@c4": _cell(16)}},
             "eagle3": {"skipped": "no eagle3 drafter"},
+            "routed": {"failed": "cluster serve did not start:\nout of memory"},
         },
     }
     table = report.markdown(result)
+    assert "- `routed` did not start: cluster serve did not start:" in table
     assert "| eagle3.1 | 30.0 (1.50x) | 18.0 (1.20x) |" in table
     assert "skipped `eagle3`: no eagle3 drafter" in table
     assert "| eagle3.1 | code-long-1024@c1 | 2.50 | 0.60 / 0.30 / 0.10 |" in table

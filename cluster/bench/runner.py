@@ -18,7 +18,7 @@ import random
 import signal
 import time
 import urllib.request
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,18 @@ def _environment() -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Replay:
+    """What every scenario is replayed with, whichever configuration serves it."""
+
+    model: str
+    """Served model name."""
+    tokenizer: Path
+    files: dict[str, Path]
+    """Workload name -> its JSONL."""
+    seed: int
+
+
 def run(
     plan: Plan,
     configs: list[BenchConfig],
@@ -172,6 +184,7 @@ def run(
 
     signal.signal(signal.SIGTERM, _interrupt)
     files = build_workloads(plan, AutoTokenizer.from_pretrained(tokenizer), out_dir)
+    replay = Replay(model, tokenizer, files, plan.seed)
     scenarios = plan.scenarios()
     result: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -190,7 +203,7 @@ def run(
             bar.set_postfix(config=config.name, stage="starting")
             try:
                 result["configs"][config.name] = _run_config(
-                    config, scenarios, preset_dir, model, tokenizer, files, plan.seed, bar
+                    config, scenarios, preset_dir, replay, bar
                 )
             except RuntimeError as error:  # did not start: the other configs still run
                 bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
@@ -202,23 +215,14 @@ def run(
 
 
 def _run_config(
-    config: BenchConfig,
-    scenarios: list[Scenario],
-    preset_dir: Path,
-    model: str,
-    tokenizer: Path,
-    files: dict[str, Path],
-    seed: int,
-    bar: tqdm,
+    config: BenchConfig, scenarios: list[Scenario], preset_dir: Path, replay: Replay, bar: tqdm
 ) -> dict[str, Any]:
     """Deploy one configuration, replay every scenario against it, stop it."""
     with _server(config, preset_dir) as server:
         cells = {}
         for scenario in scenarios:
             bar.set_postfix(config=config.name, scenario=scenario.name)
-            cells[scenario.name] = measure(
-                config, server.base_url, model, tokenizer, files, scenario, seed
-            )
+            cells[scenario.name] = measure(config, server.base_url, replay, scenario)
             bar.update(1)
     bar.write(f"done {config.name} (ready in {server.ready_s:.0f}s)")
     return {
@@ -230,16 +234,17 @@ def _run_config(
 
 
 def measure(
-    config: BenchConfig,
-    base_url: str,
-    model: str,
-    tokenizer: Path,
-    files: dict[str, Path],
-    scenario: Scenario,
-    seed: int,
+    config: BenchConfig, base_url: str, replay: Replay, scenario: Scenario
 ) -> dict[str, Any]:
     spec_before, routed_before = snapshot(config, base_url)
-    raw = run_load(base_url, model, tokenizer, files[scenario.workload], scenario, seed)
+    raw = run_load(
+        base_url,
+        replay.model,
+        replay.tokenizer,
+        replay.files[scenario.workload],
+        scenario,
+        replay.seed,
+    )
     spec_after, routed_after = snapshot(config, base_url)
     samples, errors = metrics.requests_from_vllm(raw)
     cell = metrics.summarize(samples, raw["duration"], len(errors))

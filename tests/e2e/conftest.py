@@ -23,7 +23,9 @@ class RunningCluster:
     otlp: OTLPReceiver
 
 
-@pytest.fixture(scope="session")
+# Module scope: the cluster is down before other e2e modules start their own servers (the bench
+# test counts the Ray processes it leaves behind).
+@pytest.fixture(scope="module")
 def cluster():
     config = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
     config["server"].pop("port")  # a free port

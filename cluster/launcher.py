@@ -39,6 +39,10 @@ def with_absolute_paths(config_data: dict[str, Any], base_dir: Path) -> dict[str
     return map_local_paths(config_data, lambda location: str((base_dir / location).resolve()))
 
 
+class ServerStartError(RuntimeError):
+    """A server exited or timed out before it was ready; the message ends with its log."""
+
+
 class ServeProcess:
     def __init__(
         self,
@@ -80,7 +84,7 @@ class ServeProcess:
                 or time.monotonic() - started > self.start_timeout_s
             ):
                 self.stop()
-                raise RuntimeError(f"cluster serve did not start:\n{self.log()[-4000:]}")
+                raise ServerStartError(f"cluster serve did not start:\n{self.log()[-4000:]}")
             time.sleep(1)
         self.ready_s = time.monotonic() - started
         return self
@@ -165,7 +169,7 @@ class VLLMServerProcess:
                 or time.monotonic() - started > self.start_timeout_s
             ):
                 self.stop()
-                raise RuntimeError(f"vLLM server did not start:\n{self.log()[-4000:]}")
+                raise ServerStartError(f"vLLM server did not start:\n{self.log()[-4000:]}")
             time.sleep(1)
         self.ready_s = time.monotonic() - started
         return self

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from cluster import workloads
 from cluster.bench import metrics
 from cluster.bench.plan import BenchConfig, Plan, Scenario
-from cluster.launcher import ServeProcess, VLLMServerProcess
+from cluster.launcher import ServeProcess, ServerStartError, VLLMServerProcess
 from cluster.speculation import SpecCounters
 
 RESULT_FILE = "result.json"
@@ -87,9 +87,19 @@ def snapshot(config: BenchConfig, base_url: str) -> tuple[SpecCounters, dict[str
     return total, {name: pool["routed"] for name, pool in pools.items()}
 
 
-def run_load(
-    base_url: str, model: str, tokenizer: Path, dataset: Path, scenario: Scenario, seed: int
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Replay:
+    """What every scenario is replayed with, whichever configuration serves it."""
+
+    model: str
+    """Served model name."""
+    tokenizer: Path
+    files: dict[str, Path]
+    """Workload name -> its JSONL."""
+    seed: int
+
+
+def run_load(base_url: str, replay: Replay, scenario: Scenario) -> dict[str, Any]:
     """One scenario with `vllm.benchmarks.serve` (chat API, streaming, EOS ignored)."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -100,17 +110,17 @@ def run_load(
         "--backend", "openai-chat",
         "--endpoint", "/v1/chat/completions",
         "--base-url", base_url,
-        "--model", model,
-        "--tokenizer", str(tokenizer),
+        "--model", replay.model,
+        "--tokenizer", str(replay.tokenizer),
         "--dataset-name", "custom",
-        "--dataset-path", str(dataset),
+        "--dataset-path", str(replay.files[scenario.workload]),
         "--custom-output-len", "-1",  # each line's own output_tokens (vLLM's default is 256)
         "--skip-chat-template",
         "--disable-shuffle",
         "--num-prompts", str(scenario.requests),
         "--ignore-eos",
         "--temperature", "0",
-        "--seed", str(seed),
+        "--seed", str(replay.seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--disable-tqdm",
         "--save-detailed",  # keep the per-request lists (ttfts, errors) in the returned result
@@ -159,18 +169,6 @@ def _environment() -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class Replay:
-    """What every scenario is replayed with, whichever configuration serves it."""
-
-    model: str
-    """Served model name."""
-    tokenizer: Path
-    files: dict[str, Path]
-    """Workload name -> its JSONL."""
-    seed: int
-
-
 def run(
     plan: Plan,
     configs: list[BenchConfig],
@@ -205,7 +203,7 @@ def run(
                 result["configs"][config.name] = _run_config(
                     config, scenarios, preset_dir, replay, bar
                 )
-            except RuntimeError as error:  # did not start: the other configs still run
+            except ServerStartError as error:  # the other configs still run
                 bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
                 result["configs"][config.name] = {"failed": str(error)[-4000:]}
             # Written after every config, so a long run interrupted late keeps what it measured.
@@ -237,14 +235,7 @@ def measure(
     config: BenchConfig, base_url: str, replay: Replay, scenario: Scenario
 ) -> dict[str, Any]:
     spec_before, routed_before = snapshot(config, base_url)
-    raw = run_load(
-        base_url,
-        replay.model,
-        replay.tokenizer,
-        replay.files[scenario.workload],
-        scenario,
-        replay.seed,
-    )
+    raw = run_load(base_url, replay, scenario)
     spec_after, routed_after = snapshot(config, base_url)
     samples, errors = metrics.requests_from_vllm(raw)
     cell = metrics.summarize(samples, raw["duration"], len(errors))

@@ -3,6 +3,7 @@ shut down cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -51,6 +52,9 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
+        # Serve gives its HTTP proxy 3 x 5 s to come up; on a small machine that is busy (a
+        # drafter training in the background) importing it takes longer, and Serve kills it.
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
         ray.init(
             num_cpus=config.ray.num_cpus,
             include_dashboard=config.ray.include_dashboard,

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from cluster import workloads
 from cluster.bench import metrics, report
-from cluster.bench.plan import QUICK, Plan, Scenario, configurations
+from cluster.bench.plan import DEFAULT, QUICK, Plan, Scenario, configurations
 from cluster.bench.runner import build_workloads
 from cluster.models import embedded_path
 from cluster.speculation import SpecCounters
@@ -160,13 +160,13 @@ def test_spec_counter_deltas_from_every_source():
 
 
 def test_quick_plan_and_configurations(tmp_path):
-    scenarios = QUICK.scenarios()
-    assert Scenario("code-long-1024", 4, concurrency=1) not in scenarios  # min 3, 2 x c
-    assert [s.name for s in scenarios] == [
-        "code-long-1024@c1",
-        "code-long-1024@c4",
-        "mixed@rate1",
+    # max(min_requests 3, one wave of c): every slot busy once, a few sequential at c=1.
+    assert QUICK.scenarios() == [
+        Scenario("code-long-1024", 3, concurrency=1),
+        Scenario("code-long-1024", 4, concurrency=4),
     ]
+    assert [s.requests for s in DEFAULT.scenarios() if s.workload == "code-long-2048"] == [3, 4, 16]
+    assert DEFAULT.scenarios()[-1] == Scenario("mixed", 8, rate=1.0)
     import yaml
 
     preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())

@@ -41,6 +41,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "rates": args.rates,
         "output_tokens": args.output_tokens,
         "seed": args.seed,
+        "chat_short": args.chat_short or None,
     }
     plan = bench_plan.Plan(
         **{**chosen.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
@@ -49,9 +50,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for item in args.drafter:
         name, _, path = item.partition("=")
         drafters[name] = Path(path)
-    configs = bench_plan.configurations(
-        yaml.safe_load(preset.read_text()), args.configs, drafters, args.k
-    )
+    names = args.configs or (bench_plan.QUICK_CONFIGS if args.quick else bench_plan.CONFIG_NAMES)
+    configs = bench_plan.configurations(yaml.safe_load(preset.read_text()), names, drafters, args.k)
     out = Path(args.out) / (time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -83,12 +83,19 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "n-gram, EAGLE 3, EAGLE 3.1, the routed two-pool cluster, raw vLLM), replay the same "
         "workloads built from stdlib code with vLLM's benchmark client (closed loop at each "
         "concurrency, open loop with Poisson arrivals), and write result.json, table.md and "
-        "PNG plots. --quick takes about 5-8 minutes on 2 cores.",
+        "PNG plots. On 2 cores the default sweep (all six configs; code-long 1k and 2k at "
+        "c=1,4,16; mixed at 1 req/s) takes about 30 minutes, --quick (none vs eagle3.1, "
+        "code-long 1k at c=1,4) about 5.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    bench.add_argument("--quick", action="store_true", help="small sweep (1k context, c=1,4)")
     bench.add_argument(
-        "--configs", type=_csv(str), default=CONFIG_NAMES, help="comma-separated, in run order"
+        "--quick", action="store_true", help="none vs eagle3.1, 1k context, c=1,4, no open loop"
+    )
+    bench.add_argument(
+        "--configs",
+        type=_csv(str),
+        help=f"comma-separated, in run order, of: {', '.join(CONFIG_NAMES)} "
+        "(default: all; with --quick: none,eagle3.1)",
     )
     bench.add_argument(
         "--config", default=str(DEFAULT_CONFIG), help="preset the configs derive from"
@@ -99,6 +106,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--concurrency", type=_csv(int), help="closed-loop levels, e.g. 1,4,16")
     bench.add_argument("--rates", type=_csv(float), help="open-loop request rates (req/s)")
     bench.add_argument("--output-tokens", type=int, help="output tokens of code-long requests")
+    bench.add_argument(
+        "--chat-short", action="store_true", help="add the chat-short closed-loop sweep"
+    )
     bench.add_argument("-k", type=int, default=3, help="speculative tokens of spec configs")
     bench.add_argument(
         "--drafter", action="append", default=[], metavar="NAME=PATH",

@@ -70,6 +70,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         ttt_steps=args.ttt_steps,
         tokens_per_step=args.tokens_per_step,
         max_sample_tokens=args.max_sample_tokens,
+        prompt_context_tokens=args.prompt_context_tokens,
+        prompt_loss_weight=args.prompt_loss_weight,
         draft_vocab_size=args.draft_vocab_size,
         lr=args.lr,
         warmup_steps=args.warmup_steps,
@@ -114,6 +116,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         max_context=args.max_context,
         output_tokens=args.output_tokens,
         cores=args.cores,
+        dtype=args.dtype,
     )
     evaluate.write_report(report, Path(args.out), Path(args.plot) if args.plot else None)
     if args.write_drafter_metrics:
@@ -193,6 +196,18 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled")
     train.add_argument("--tokens-per-step", type=int, default=4096)
     train.add_argument("--max-sample-tokens", type=int, default=2048)
+    train.add_argument(
+        "--prompt-context-tokens",
+        type=int,
+        default=512,
+        help="prompt tokens kept before each response (0: all)",
+    )
+    train.add_argument(
+        "--prompt-loss-weight",
+        type=float,
+        default=0.1,
+        help="loss weight of prompt positions relative to response positions",
+    )
     train.add_argument("--draft-vocab-size", type=int, default=8192)
     train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
     train.add_argument("--warmup-steps", type=int, default=40, help="linear warm-up steps")
@@ -223,6 +238,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--no-ngram", action="store_true", help="skip the n-gram baseline")
     evaluate.add_argument("--requests", type=int, default=6, help="requests per bucket")
     evaluate.add_argument("--output-tokens", type=int, default=128)
+    evaluate.add_argument(
+        "--dtype",
+        default="float32",
+        help="engine dtype (bfloat16 only pays on CPUs with AMX or AVX-512 BF16)",
+    )
     evaluate.add_argument(
         "--max-context",
         type=int,

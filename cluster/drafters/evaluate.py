@@ -60,7 +60,12 @@ def methods(drafters: dict[str, Path], k: int, ngram: bool = True) -> list[Metho
 
 
 def _run_method(
-    target: str, method: Method, buckets: dict[str, list[dict]], cores: str, result_path: str
+    target: str,
+    method: Method,
+    buckets: dict[str, list[dict]],
+    cores: str,
+    dtype: str,
+    result_path: str,
 ) -> None:
     """Child process: one engine, every bucket, single stream; writes JSON to result_path."""
     os.setsid()  # own process group: the parent can stop vLLM's engine processes with it
@@ -72,7 +77,7 @@ def _run_method(
     output_tokens = max(p["output_tokens"] for ps in buckets.values() for p in ps)
     llm = LLM(
         model=target,
-        dtype="bfloat16",
+        dtype=dtype,
         max_model_len=longest + output_tokens + 256,
         max_num_seqs=4,
         enforce_eager=True,
@@ -106,12 +111,14 @@ def _run_method(
     Path(result_path).write_text(json.dumps(result))
 
 
-def run_isolated(target: Path, method: Method, buckets: dict[str, list[dict]], cores: str) -> dict:
+def run_isolated(
+    target: Path, method: Method, buckets: dict[str, list[dict]], cores: str, dtype: str
+) -> dict:
     """`_run_method` in a fresh spawned process (its own engine, threads and memory)."""
     context = multiprocessing.get_context("spawn")
     result_path = Path(f"/tmp/cluster-eval-{os.getpid()}-{method.name}.json")
     child = context.Process(
-        target=_run_method, args=(str(target), method, buckets, cores, str(result_path))
+        target=_run_method, args=(str(target), method, buckets, cores, dtype, str(result_path))
     )
     child.start()
     while child.is_alive() and not result_path.exists():
@@ -138,6 +145,7 @@ def evaluate(
     output_tokens: int = 128,
     seed: int = 0,
     cores: str = "0-1",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Run every method on the same prompts; returns the report (see `write_report`)."""
     from transformers import AutoTokenizer
@@ -154,7 +162,7 @@ def evaluate(
         if max_context is None or context <= max_context
     }
     results = {
-        method.name: run_isolated(target, method, buckets, cores)
+        method.name: run_isolated(target, method, buckets, cores, dtype)
         for method in tqdm(chosen, desc="eval methods", unit="method")
     }
     baseline = results.get("none")
@@ -177,6 +185,7 @@ def evaluate(
         },
         "methods": {m.name: m.speculative_config for m in chosen},
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor(), "cores": cores},
+        "dtype": dtype,
         "results": results,
     }
 
@@ -196,7 +205,7 @@ def write_drafter_metrics(report: dict[str, Any], drafters: dict[str, Path]) -> 
     `DIR/metrics.json` (shipped next to the weights)."""
     baselines = {n: r for n, r in report["results"].items() if n not in drafters}
     for name, path in drafters.items():
-        metrics = {key: report[key] for key in ("target", "workload", "machine")}
+        metrics = {key: report[key] for key in ("target", "workload", "machine", "dtype")}
         metrics |= {
             "speculative_config": report["methods"][name],
             "results": report["results"][name],

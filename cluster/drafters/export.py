@@ -21,7 +21,8 @@ RECIPE_FILE = "recipe.yaml"
 # `cluster drafters train` flags of the TrainConfig fields (the others keep their defaults).
 _TRAIN_FLAGS = (
     "variant", "steps", "ttt_steps", "tokens_per_step", "max_sample_tokens",
-    "draft_vocab_size", "lr", "warmup_steps", "seed", "threads", "checkpoint_every", "val_samples",
+    "prompt_context_tokens", "prompt_loss_weight", "draft_vocab_size", "lr", "warmup_steps", "seed",
+    "threads", "checkpoint_every", "val_samples",
 )  # fmt: skip
 
 

@@ -5,6 +5,10 @@
 - Loss per TTT step `s`: cross-entropy of the drafter against the target's distribution over
   the draft vocabulary, at the positions whose target greedy token is in the draft vocabulary,
   weighted `0.8 ** s` (EAGLE 3's weighting).
+- Where the budget goes: the drafter only ever drafts after the prompt, on the target's own
+  greedy text, yet prompts are ~90% of the captured tokens. So each sample keeps only the last
+  `prompt_context_tokens` of its prompt (enough context to attend to) and prompt positions count
+  `prompt_loss_weight` as much as response positions.
 - Validation: per-position accuracy (the drafter's top token is the target's greedy token) and
   an acceptance-length estimate `1 + sum_s P(steps 0..s all correct)` on response tokens of
   held-out samples, which is what vLLM measures when the drafter runs for real.
@@ -52,6 +56,12 @@ class TrainConfig:
     """Tokens per optimizer step (samples are accumulated until this many)."""
     max_sample_tokens: int = 2048
     """Longer samples are cropped to a random window of this many tokens."""
+    prompt_context_tokens: int = 512
+    """Prompt tokens kept before each response (0: the whole prompt). Shorter context means
+    more responses per step; the drafter still attends over that much prompt."""
+    prompt_loss_weight: float = 0.1
+    """Loss weight of a prompt position relative to a response position (where the drafter
+    actually drafts)."""
     draft_vocab_size: int = 8192
     """Tokens the drafter can propose."""
     lr: float = 6e-4
@@ -132,7 +142,11 @@ class StepStats:
 
 
 def sample_loss(
-    model: Eagle3Drafter, sample: data.Sample, ttt_steps: int, target_head: torch.Tensor
+    model: Eagle3Drafter,
+    sample: data.Sample,
+    ttt_steps: int,
+    target_head: torch.Tensor,
+    prompt_loss_weight: float = 1.0,
 ) -> tuple[torch.Tensor, list[tuple[int, int]], list[StepOutput], torch.Tensor]:
     """Weighted TTT loss of one sample; per position (correct, counted) and the step outputs."""
     outputs = model.unroll(sample.input_ids, sample.aux_hidden.float(), ttt_steps)
@@ -141,12 +155,16 @@ def sample_loss(
         target_p = torch.softmax((sample.final_hidden[1:].float() @ target_head.T).float(), dim=-1)
         target_top = target_p.argmax(-1)
         in_vocab = model.t2d[sample.target_greedy[1:]].float()
+        # Anchor i predicts token i + 1, a response token from anchor prompt_len - 1 on.
+        position_weight = torch.ones_like(in_vocab)
+        position_weight[: max(0, sample.prompt_len - 1)] = prompt_loss_weight
     loss = torch.zeros(())
     counts = []
     for s, out in enumerate(outputs):
         # Anchors past the end at this depth have no target: padded with zero weight.
         with torch.no_grad():
             mask = F.pad(in_vocab[s:], (0, s))
+            weight = mask * position_weight
             target_s = F.pad(target_p[s:], (0, 0, 0, s))
         counted = int(mask.sum())
         if counted == 0:
@@ -154,7 +172,7 @@ def sample_loss(
             continue
         logp = torch.log_softmax(out.logits, dim=-1, dtype=torch.float32)
         per_anchor = -(target_s * logp).sum(-1)
-        loss = loss + (0.8**s) * (per_anchor * mask).sum() / counted
+        loss = loss + (0.8**s) * (per_anchor * weight).sum() / weight.sum()
         with torch.no_grad():
             top = F.pad(target_top[s:], (0, s), value=-1)
             hits = (out.logits.argmax(-1) == top).float() * mask
@@ -162,18 +180,21 @@ def sample_loss(
     return loss, counts, outputs, sample.target_greedy[1:]
 
 
-def _crop(sample: data.Sample, limit: int, rng: random.Random) -> data.Sample:
+def _crop(sample: data.Sample, cfg: TrainConfig, rng: random.Random) -> data.Sample:
+    """At most `prompt_context_tokens` of prompt, then a random window of `max_sample_tokens`."""
     length = sample.input_ids.shape[0]
-    if length <= limit:
-        return sample
-    start = rng.randrange(0, length - limit + 1)
-    window = slice(start, start + limit)
+    first = 0
+    if cfg.prompt_context_tokens:
+        first = max(0, sample.prompt_len - cfg.prompt_context_tokens)
+    if length - first > cfg.max_sample_tokens:
+        first = rng.randrange(first, length - cfg.max_sample_tokens + 1)
+    window = slice(first, first + cfg.max_sample_tokens)
     return data.Sample(
         input_ids=sample.input_ids[window],
         aux_hidden=sample.aux_hidden[window],
         final_hidden=sample.final_hidden[window],
         target_greedy=sample.target_greedy[window],
-        prompt_len=max(0, sample.prompt_len - start),
+        prompt_len=max(0, sample.prompt_len - first),
     )
 
 
@@ -305,9 +326,11 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
             tokens, loss_sum, correct, counted = 0, 0.0, [0] * cfg.ttt_steps, [0] * cfg.ttt_steps
             optimizer.zero_grad(set_to_none=True)
             while tokens < cfg.tokens_per_step:
-                sample = _crop(next(stream), cfg.max_sample_tokens, crop_rng)
+                sample = _crop(next(stream), cfg, crop_rng)
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                    loss, counts, _, _ = sample_loss(model, sample, cfg.ttt_steps, target_head)
+                    loss, counts, _, _ = sample_loss(
+                        model, sample, cfg.ttt_steps, target_head, cfg.prompt_loss_weight
+                    )
                 weight = sample.input_ids.shape[0] / cfg.tokens_per_step
                 (loss * weight).backward()
                 tokens += sample.input_ids.shape[0]

@@ -4,6 +4,8 @@ a complete result document, and no process left behind."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -88,3 +90,36 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
         time.sleep(2)
     leftover = _our_processes() - before
     assert not leftover, f"a server outlived the benchmark: {_describe(leftover)}"
+
+
+@pytest.mark.e2e
+def test_ctrl_c_mid_run_stops_every_server(tmp_path: Path):
+    """Ctrl-C (SIGINT to the terminal's whole process group) while a scenario is replaying."""
+    before = _our_processes()
+    log = tmp_path / "bench.log"
+    with log.open("w") as out:
+        bench = subprocess.Popen(
+            [
+                sys.executable, "-m", "cluster", "bench", "--configs", "none",
+                "--contexts", "1024", "--concurrency", "1", "--rates", "",
+                "--output-tokens", "256", "--out", str(tmp_path / "runs"),
+            ],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while "scenario=code-long-1024@c1" not in log.read_text(errors="replace"):
+            assert bench.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the bench never started replaying"
+            time.sleep(1)
+        os.killpg(bench.pid, signal.SIGINT)
+        assert bench.wait(timeout=180) == 130, log.read_text()[-4000:]
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+    assert "interrupted; servers stopped" in log.read_text()
+    deadline = time.monotonic() + 60
+    while not _our_processes() <= before and time.monotonic() < deadline:
+        time.sleep(2)
+    leftover = _our_processes() - before
+    assert not leftover, f"a server outlived the interrupted benchmark: {_describe(leftover)}"

@@ -67,7 +67,7 @@ def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
     method = Method(
         "tiny", {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3}
     )
-    result = run_isolated(target, method, {"train": prompts}, cores="0-1")["train"]
+    result = run_isolated(target, method, {"train": prompts}, "0-1", "float32")["train"]
     assert result["drafts"] > 0
     assert result["accepted_tokens"] > 0, result
 

@@ -246,7 +246,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument(
         "--max-context",
         type=int,
-        help="skip buckets with longer prompts (the 4k bucket decodes at ~2 tok/s in bf16 here)",
+        help="skip buckets with longer prompts (the 4k bucket is the slow one on a CPU)",
     )
     evaluate.add_argument(
         "--cores", default="0-1", help="CPU cores for vLLM (VLLM_CPU_OMP_THREADS_BIND)"

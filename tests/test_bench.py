@@ -165,7 +165,9 @@ def test_quick_plan_and_configurations(tmp_path):
         Scenario("code-long-1024", 3, concurrency=1),
         Scenario("code-long-1024", 4, concurrency=4),
     ]
-    assert [s.requests for s in DEFAULT.scenarios() if s.workload == "code-long-2048"] == [3, 4, 16]
+    assert [s.requests for s in DEFAULT.scenarios() if s.workload == "code-long-1024"] == [3, 4, 16]
+    # 16 x 2k tokens in flight is over the default budget of 16k.
+    assert [s.concurrency for s in DEFAULT.scenarios() if s.workload == "code-long-2048"] == [1, 4]
     assert DEFAULT.scenarios()[-1] == Scenario("mixed", 8, rate=1.0)
     import yaml
 

@@ -42,6 +42,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "output_tokens": args.output_tokens,
         "seed": args.seed,
         "chat_short": args.chat_short or None,
+        "max_context_in_flight": args.max_context_in_flight,
     }
     plan = bench_plan.Plan(
         **{**chosen.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
@@ -83,8 +84,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "n-gram, EAGLE 3, EAGLE 3.1, the routed two-pool cluster, raw vLLM), replay the same "
         "workloads built from stdlib code with vLLM's benchmark client (closed loop at each "
         "concurrency, open loop with Poisson arrivals), and write result.json, table.md and "
-        "PNG plots. On 2 cores the default sweep (all six configs; code-long 1k and 2k at "
-        "c=1,4,16; mixed at 1 req/s) takes about 30 minutes, --quick (none vs eagle3.1, "
+        "PNG plots. On 2 cores the default sweep (all six configs; code-long 1k at c=1,4,16 "
+        "and 2k at c=1,4; mixed at 1 req/s) takes about 30 minutes, --quick (none vs eagle3.1, "
         "code-long 1k at c=1,4) about 5.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -108,6 +109,12 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--output-tokens", type=int, help="output tokens of code-long requests")
     bench.add_argument(
         "--chat-short", action="store_true", help="add the chat-short closed-loop sweep"
+    )
+    bench.add_argument(
+        "--max-context-in-flight",
+        type=int,
+        help="skip code-long levels where concurrency x context exceeds this many tokens "
+        "(0: no limit; default plan: 16384, so 2k context runs at c=1,4)",
     )
     bench.add_argument("-k", type=int, default=3, help="speculative tokens of spec configs")
     bench.add_argument(

@@ -16,6 +16,7 @@ import os
 import platform
 import random
 import signal
+import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -149,7 +150,14 @@ def _server(config: BenchConfig, preset_dir: Path):
     return ServeProcess(data, base_dir=preset_dir)
 
 
+INTERRUPTED = threading.Event()
+"""Set by Ctrl-C / SIGTERM. vLLM's load generator may swallow the KeyboardInterrupt inside its
+event loop (and the servers, which got the same Ctrl-C, are already going down), so the
+runner checks this after every replay instead of trusting the exception to arrive."""
+
+
 def _interrupt(*_: object) -> None:
+    INTERRUPTED.set()
     raise KeyboardInterrupt
 
 
@@ -181,6 +189,7 @@ def run(
     from transformers import AutoTokenizer
 
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     files = build_workloads(plan, AutoTokenizer.from_pretrained(tokenizer), out_dir)
     replay = Replay(model, tokenizer, files, plan.seed)
     scenarios = plan.scenarios()
@@ -235,7 +244,11 @@ def measure(
     config: BenchConfig, base_url: str, replay: Replay, scenario: Scenario
 ) -> dict[str, Any]:
     spec_before, routed_before = snapshot(config, base_url)
-    raw = run_load(base_url, replay, scenario)
+    try:
+        raw = run_load(base_url, replay, scenario)
+    finally:
+        if INTERRUPTED.is_set():
+            raise KeyboardInterrupt  # whatever the load generator made of it
     spec_after, routed_after = snapshot(config, base_url)
     samples, errors = metrics.requests_from_vllm(raw)
     cell = metrics.summarize(samples, raw["duration"], len(errors))

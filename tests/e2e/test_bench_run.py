@@ -30,6 +30,15 @@ def _describe(pids: set[str]) -> list[str]:
     return [line.strip()[:200] for line in listing.splitlines() if line.split(None, 1)[0] in pids]
 
 
+def _left_behind(before: set[str]) -> list[str]:
+    """Our processes that are not in `before`, after giving Ray's own daemons up to 60 s to exit
+    (they may outlive `cluster serve` by a few seconds)."""
+    deadline = time.monotonic() + 60
+    while not _our_processes() <= before and time.monotonic() < deadline:
+        time.sleep(2)
+    return _describe(_our_processes() - before)
+
+
 @pytest.mark.e2e
 def test_short_bench_writes_a_complete_result(tmp_path: Path):
     before = _our_processes()
@@ -84,12 +93,8 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
         "latency_cdf.png",
     }
     assert {p.name for p in out.glob("*.jsonl")} == {"code-long-1024.jsonl", "mixed.jsonl"}
-    # Ray's own daemons may take a few seconds to exit after `cluster serve` has returned.
-    deadline = time.monotonic() + 60
-    while not _our_processes() <= before and time.monotonic() < deadline:
-        time.sleep(2)
-    leftover = _our_processes() - before
-    assert not leftover, f"a server outlived the benchmark: {_describe(leftover)}"
+    leftover = _left_behind(before)
+    assert not leftover, f"a server outlived the benchmark: {leftover}"
 
 
 @pytest.mark.e2e
@@ -118,8 +123,5 @@ def test_ctrl_c_mid_run_stops_every_server(tmp_path: Path):
         if bench.poll() is None:
             os.killpg(bench.pid, signal.SIGKILL)
     assert "interrupted; servers stopped" in log.read_text()
-    deadline = time.monotonic() + 60
-    while not _our_processes() <= before and time.monotonic() < deadline:
-        time.sleep(2)
-    leftover = _our_processes() - before
-    assert not leftover, f"a server outlived the interrupted benchmark: {_describe(leftover)}"
+    leftover = _left_behind(before)
+    assert not leftover, f"a server outlived the interrupted benchmark: {leftover}"

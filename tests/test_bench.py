@@ -109,6 +109,7 @@ RECORDED = {  # the shape `vllm.benchmarks.serve` returns, values from a real ru
 def test_metrics_from_recorded_samples():
     samples, errors = metrics.requests_from_vllm(RECORDED)
     assert errors == ["Server disconnected"] and len(samples) == 3
+    assert all(s.pool is None for s in samples)
     assert samples[0].tpot_s == pytest.approx(2.5 / 63)
     assert samples[0].per_user_tok_s == pytest.approx(63 / 2.5)
     cell = metrics.summarize(samples, duration_s=10.0, failed=len(errors))
@@ -120,6 +121,20 @@ def test_metrics_from_recorded_samples():
     assert metrics.lift(cell, cell) == pytest.approx(1.0)
     assert metrics.lift(cell, None) is None
     assert math.isnan(metrics.percentile([], 50))
+
+
+def test_per_request_pools_and_per_pool_aggregates():
+    pools = ["speculative", "throughput", None, "speculative"]
+    samples, errors = metrics.requests_from_vllm(RECORDED, pools)
+    assert [s.pool for s in samples] == ["speculative", "throughput", "speculative"]
+    by_pool = metrics.summarize(samples, duration_s=10.0, failed=len(errors))["by_pool"]
+    assert list(by_pool) == ["speculative", "throughput"]
+    assert by_pool["speculative"]["completed"] == 2 and by_pool["throughput"]["completed"] == 1
+    assert by_pool["throughput"]["ttft_s"]["mean"] == pytest.approx(0.25)
+    assert by_pool["speculative"]["prompt_tokens"]["mean"] == pytest.approx((1100 + 1120) / 2)
+    assert metrics.summarize(metrics.requests_from_vllm(RECORDED)[0], 1.0, 0)["by_pool"] == {}
+    with pytest.raises(ValueError):  # one pool per request, or the order is lost
+        metrics.requests_from_vllm(RECORDED, pools[:3])
 
 
 def test_spec_counter_deltas_from_every_source():
@@ -187,8 +202,8 @@ def test_quick_plan_and_configurations(tmp_path):
         configurations(preset, ("medusa",), {}, 3)
 
 
-def _cell(per_user: float, acceptance: float | None = None) -> dict:
-    samples = [metrics.RequestSample(0.1, 0.1 + 63 / per_user, 64, 1000)] * 2
+def _cell(per_user: float, acceptance: float | None = None, pools: tuple = (None, None)) -> dict:
+    samples = [metrics.RequestSample(0.1, 0.1 + 63 / per_user, 64, 1000, p) for p in pools]
     cell = metrics.summarize(samples, 2.0, 0)
     counters = SpecCounters(10, 30, int((acceptance - 1) * 10), (6, 3, 1)) if acceptance else None
     cell["speculation"] = (counters or SpecCounters()).summary()
@@ -209,6 +224,7 @@ def test_table_and_plots(tmp_path):
                 "scenarios": {
                     "code-long-1024@c1": _cell(30, 2.5),
                     "code-long-1024@c4": _cell(18, 2.4),
+                    "mixed@rate1": _cell(25, 2.0, ("speculative", "throughput", "throughput")),
                 }
             },
             "vllm": {"scenarios": {"code-long-1024@c1": _cell(22), "code-long-1024@c4": _cell(16)}},
@@ -222,6 +238,9 @@ def test_table_and_plots(tmp_path):
     assert "skipped `eagle3`: no eagle3 drafter" in table
     assert "| eagle3.1 | code-long-1024@c1 | 2.50 | 0.60 / 0.30 / 0.10 |" in table
     assert report.overhead(result)["code-long-1024@c1"] == pytest.approx(1.0)
+    assert "| eagle3.1 | mixed@rate1 | throughput | 2 | 1000 | 25.0 | 0.10 |" in table
+    assert "| eagle3.1 | mixed@rate1 | speculative | 1 |" in table
+    assert "code-long-1024@c1 | speculative" not in table  # one pool: nothing to compare
     written = report.plots(result, tmp_path)
     assert {p.name for p in written} == {
         "per_user_tok_s.png",

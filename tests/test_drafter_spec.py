@@ -210,3 +210,36 @@ def test_recipe_commands_reproduce_the_recorded_run():
     )
     assert build_parser().parse_args(export_cmd).out == "drafters/d"
     assert recipe["exported_step"] == 120 and recipe["train"]["bf16"] is False
+
+
+def test_recipe_of_a_continued_run_lists_the_base_run_first():
+    import shlex
+    from dataclasses import asdict
+
+    from cluster.cli import build_parser
+    from cluster.drafters.data import DataRecipe
+    from cluster.drafters.export import recipe_of
+    from cluster.drafters.train import TrainConfig
+
+    data_recipe = asdict(DataRecipe())
+    base = {"data_recipe": data_recipe, "train": asdict(TrainConfig(steps=150, bf16=False))}
+    cfg = TrainConfig(steps=200, lr=1e-3, init_from="/somewhere/else", bf16=False)
+    run_info = {
+        "data_recipe": data_recipe,
+        "train": asdict(cfg),
+        "init_from": {"run": "/somewhere/else", "step": 150} | base,
+    }
+    recipe = recipe_of(run_info, step=200, name="d")
+    assert recipe["init_from_step"] == 150
+    _, base_cmd, cont_cmd, _ = (shlex.split(c)[1:] for c in recipe["reproduce"])
+    base_args, cont_args = build_parser().parse_args(base_cmd), build_parser().parse_args(cont_cmd)
+    assert (base_args.out, base_args.steps, base_args.init_from) == ("runs/d-base", 150, "")
+    assert (cont_args.out, cont_args.steps, cont_args.lr) == ("runs/d", 200, 1e-3)
+    assert cont_args.init_from == "runs/d-base"  # not the machine-specific path
+
+
+def test_train_config_refuses_a_zero_prompt_loss_weight():
+    from cluster.drafters.train import TrainConfig
+
+    with pytest.raises(ValueError, match="prompt_loss_weight: must be > 0"):
+        TrainConfig(prompt_loss_weight=0)

@@ -25,6 +25,8 @@ class RequestSample:
     latency_s: float
     output_tokens: int
     prompt_tokens: int
+    pool: str | None = None
+    """The pool the cluster's ingress routed it to (None for raw vLLM)."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -38,21 +40,25 @@ class RequestSample:
         return 1 / tpot if tpot else None
 
 
-def requests_from_vllm(result: dict[str, Any]) -> tuple[list[RequestSample], list[str]]:
-    """Successful requests of a `vllm.benchmarks.serve` result, and the failed ones' errors."""
+def requests_from_vllm(
+    result: dict[str, Any], pools: Sequence[str | None] | None = None
+) -> tuple[list[RequestSample], list[str]]:
+    """Successful requests of a `vllm.benchmarks.serve` result, and the failed ones' errors.
+    `pools`, in the same (request) order, says where each request was routed."""
     samples, errors = [], []
-    for ttft, latency, out, prompt, error in zip(
+    for ttft, latency, out, prompt, error, pool in zip(
         result["ttfts"],
         result["latencies"],
         result["output_lens"],
         result["input_lens"],
         result["errors"],
+        pools or [None] * len(result["errors"]),
         strict=True,
     ):
         if error or not out:
             errors.append(error or "no output")
             continue
-        samples.append(RequestSample(ttft, latency, out, prompt))
+        samples.append(RequestSample(ttft, latency, out, prompt, pool))
     return samples, errors
 
 
@@ -90,7 +96,24 @@ def summarize(samples: list[RequestSample], duration_s: float, failed: int) -> d
         else math.nan,
         "output_tokens": sum(s.output_tokens for s in samples),
         "prompt_tokens": distribution(float(s.prompt_tokens) for s in samples),
+        "by_pool": {
+            pool: {
+                "completed": len(group),
+                "per_user_tok_s": distribution(s.per_user_tok_s for s in group),
+                "ttft_s": distribution(s.ttft_s for s in group),
+                "prompt_tokens": distribution(float(s.prompt_tokens) for s in group),
+            }
+            for pool, group in _group_by_pool(samples).items()
+        },
     }
+
+
+def _group_by_pool(samples: list[RequestSample]) -> dict[str, list[RequestSample]]:
+    groups: dict[str, list[RequestSample]] = {}
+    for sample in samples:
+        if sample.pool is not None:
+            groups.setdefault(sample.pool, []).append(sample)
+    return dict(sorted(groups.items()))
 
 
 def lift(cell: dict[str, Any], baseline: dict[str, Any] | None) -> float | None:

@@ -71,6 +71,7 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += _acceptance_table(result)
     lines += _open_loop_table(result)
+    lines += _pool_table(result)
     lines += _overhead_table(result)
     return "\n".join(lines) + "\n"
 
@@ -118,6 +119,33 @@ def _open_loop_table(result: dict[str, Any]) -> list[str]:
         "",
         "| config | scenario | per-user tok/s | p90 TTFT s | p90 latency s | aggregate tok/s "
         "| routed |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def _pool_table(result: dict[str, Any]) -> list[str]:
+    """Where the router sent each scenario's requests, and how each pool served them."""
+    rows = []
+    for name, config in _measured(result).items():
+        for scenario, cell in config["scenarios"].items():
+            by_pool = cell.get("by_pool", {})  # absent in results from before per-request pools
+            if len(by_pool) < 2:
+                continue
+            for pool, stats in by_pool.items():
+                rows.append(
+                    f"| {name} | {scenario} | {pool} | {stats['completed']} | "
+                    f"{_fmt(stats['prompt_tokens']['mean'], 0)} | "
+                    f"{_fmt(stats['per_user_tok_s']['mean'])} | {_fmt(stats['ttft_s']['p90'], 2)} |"
+                )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Per pool (from each request's routing decision)",
+        "",
+        "| config | scenario | pool | requests | mean prompt tokens | per-user tok/s "
+        "| p90 TTFT s |",
         "|---|---|---|---|---|---|---|",
         *rows,
     ]

@@ -1,7 +1,8 @@
 """Execute a benchmark `Plan`: write the workloads, then for each configuration start its
 server, replay every scenario with vLLM's own load generator (`vllm.benchmarks.serve`,
-called in-process), snapshot the engines' speculation counters around each scenario, and stop
-the server before the next one starts.
+called in-process), snapshot the engines' speculation counters around each scenario, read the
+pool of every request from the ingress's route log (by request id), and stop the server
+before the next one starts.
 
 Servers run as child processes (`cluster serve`, or vLLM's OpenAI server) inside context
 managers; SIGINT and SIGTERM unwind them, so neither Ray nor vLLM outlives an interrupted run.
@@ -18,7 +19,10 @@ import random
 import signal
 import threading
 import time
+import urllib.parse
 import urllib.request
+import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -76,16 +80,25 @@ def _get(url: str) -> bytes:
         return response.read()
 
 
-def snapshot(config: BenchConfig, base_url: str) -> tuple[SpecCounters, dict[str, int]]:
-    """Cumulative speculation counters over all pools, and requests routed per pool."""
+def snapshot(config: BenchConfig, base_url: str) -> SpecCounters:
+    """Cumulative speculation counters over all pools."""
     if config.kind == "vllm":
-        return SpecCounters.from_prometheus(_get(f"{base_url}/metrics").decode()), {}
+        return SpecCounters.from_prometheus(_get(f"{base_url}/metrics").decode())
     pools = json.loads(_get(f"{base_url}/cluster/pools"))
     total = SpecCounters()
     for pool in pools.values():
         if pool["engine"]:
             total = total + SpecCounters.from_engine_metrics(pool["engine"])
-    return total, {name: pool["routed"] for name, pool in pools.items()}
+    return total
+
+
+def routed_pools(base_url: str, request_id_prefix: str, requests: int) -> list[str | None]:
+    """The pool of each request `i` (sent as `x-request-id: {prefix}{i}`), from the ingress's
+    route log; None where the ingress has no record (the request never reached routing)."""
+    query = urllib.parse.urlencode({"request_id_prefix": request_id_prefix})
+    routes = json.loads(_get(f"{base_url}/cluster/routes?{query}"))
+    pool_of = {route["request_id"]: route["pool"] for route in routes}
+    return [pool_of.get(f"{request_id_prefix}{i}") for i in range(requests)]
 
 
 @dataclass(frozen=True)
@@ -100,8 +113,11 @@ class Replay:
     seed: int
 
 
-def run_load(base_url: str, replay: Replay, scenario: Scenario) -> dict[str, Any]:
-    """One scenario with `vllm.benchmarks.serve` (chat API, streaming, EOS ignored)."""
+def run_load(
+    base_url: str, replay: Replay, scenario: Scenario, request_id_prefix: str
+) -> dict[str, Any]:
+    """One scenario with `vllm.benchmarks.serve` (chat API, streaming, EOS ignored); request
+    `i` carries `x-request-id: {request_id_prefix}{i}`."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -122,6 +138,7 @@ def run_load(base_url: str, replay: Replay, scenario: Scenario) -> dict[str, Any
         "--ignore-eos",
         "--temperature", "0",
         "--seed", str(replay.seed),
+        "--request-id-prefix", request_id_prefix,
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--disable-tqdm",
         "--save-detailed",  # keep the per-request lists (ttfts, errors) in the returned result
@@ -243,19 +260,21 @@ def _run_config(
 def measure(
     config: BenchConfig, base_url: str, replay: Replay, scenario: Scenario
 ) -> dict[str, Any]:
-    spec_before, routed_before = snapshot(config, base_url)
+    request_id_prefix = f"{scenario.name}-{uuid.uuid4().hex[:8]}-"
+    spec_before = snapshot(config, base_url)
     try:
-        raw = run_load(base_url, replay, scenario)
+        raw = run_load(base_url, replay, scenario, request_id_prefix)
     finally:
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt  # whatever the load generator made of it
-    spec_after, routed_after = snapshot(config, base_url)
-    samples, errors = metrics.requests_from_vllm(raw)
+    spec_after = snapshot(config, base_url)
+    pools = None
+    if config.kind != "vllm":
+        pools = routed_pools(base_url, request_id_prefix, len(raw["errors"]))
+    samples, errors = metrics.requests_from_vllm(raw, pools)
     cell = metrics.summarize(samples, raw["duration"], len(errors))
     cell["speculation"] = (spec_after - spec_before).summary()
-    cell["routed"] = {
-        pool: routed_after[pool] - routed_before.get(pool, 0) for pool in routed_after
-    }
+    cell["routed"] = dict(sorted(Counter(p for p in pools or [] if p).items()))
     cell["errors"] = sorted(set(errors))[:5]
     cell["requests"] = [asdict(s) for s in samples]
     return cell

@@ -4,7 +4,8 @@
 instead of one deployment per model id, each target has up to two pools, and every chat or
 completion request is routed to one of them by `cluster.routing.choose_pool`. Clients address
 the target id; pools are internal. Every routed response carries `x-cluster-pool` and
-`x-cluster-route-reason`, the decision is logged and counted, and the request is traced.
+`x-cluster-route-reason`, the decision is logged, counted and kept for `/cluster/routes`
+(by request id), and the request is traced.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import asyncio
 import contextvars
 import json
 import logging
-from collections import Counter
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import HTTPException, Request
@@ -46,6 +47,8 @@ logger = logging.getLogger("ray.serve")
 POOL_HEADER = "x-cluster-pool"
 REASON_HEADER = "x-cluster-route-reason"
 TRACE_HEADER = "x-cluster-trace-id"
+ROUTE_LOG_SIZE = 10_000
+"""Routing decisions each ingress replica keeps for `/cluster/routes` (oldest dropped first)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,17 @@ class PoolRef:
     target: str
     role: str
     deployment: str
+
+
+@dataclass(frozen=True)
+class RouteRecord:
+    """One routing decision, as `/cluster/routes` reports it."""
+
+    request_id: str | None
+    target: str
+    pool: str
+    reason: str
+    prompt_tokens: int
 
 
 class _PoolCall:
@@ -196,6 +210,7 @@ class ClusterIngress(OpenAiIngress):
         self._tracer = make_tracer_provider(telemetry).get_tracer(TRACER_NAME)
         self._in_flight: Counter = Counter()
         self._routed: Counter = Counter()  # requests this ingress replica sent to each pool
+        self._route_log: deque[RouteRecord] = deque(maxlen=ROUTE_LOG_SIZE)
         self._running_replicas: dict[str, int] = {name: 0 for name in self._pools}
         self._status_task: asyncio.Task | None = None
         self._status_ready = asyncio.Event()
@@ -278,6 +293,9 @@ class ClusterIngress(OpenAiIngress):
             tags={"target": target, "pool": pool.name, "reason": decision.reason.value}
         )
         request_id = get_request_id(raw_request) if raw_request is not None else None
+        self._route_log.append(
+            RouteRecord(request_id, target, pool.name, decision.reason.value, prompt_tokens)
+        )
         logger.info(
             "route request=%s target=%s pool=%s reason=%s prompt_tokens=%d trace=%s",
             request_id,
@@ -375,6 +393,18 @@ class ClusterIngress(OpenAiIngress):
         }
         return JSONResponse(body)
 
+    async def routes(self, request_id_prefix: str = "") -> JSONResponse:
+        """Benchmarks and debugging: the last `ROUTE_LOG_SIZE` routing decisions of this ingress
+        replica, oldest first, whose request id starts with `request_id_prefix`. The id is the
+        client's `x-request-id` header when it sends one (vLLM's benchmark client does)."""
+        return JSONResponse(
+            [
+                asdict(record)
+                for record in self._route_log
+                if (record.request_id or "").startswith(request_id_prefix)
+            ]
+        )
+
 
 class _RequireJSON(BaseHTTPMiddleware):
     """POST bodies of the API must be JSON; anything else is a 415 in OpenAI's error shape."""
@@ -404,5 +434,6 @@ def make_ingress_class(cls: type[ClusterIngress] = ClusterIngress) -> type:
         "healthz": lambda app: app.get("/healthz"),
         "readyz": lambda app: app.get("/readyz"),
         "pools": lambda app: app.get("/cluster/pools"),
+        "routes": lambda app: app.get("/cluster/routes"),
     }
     return make_fastapi_ingress(cls, endpoint_map=endpoints, app=app)

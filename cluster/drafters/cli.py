@@ -79,6 +79,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         threads=args.threads,
         checkpoint_every=args.checkpoint_every,
         val_samples=args.val_samples,
+        init_from=args.init_from,
     )
     metrics = train(
         resolve_target(args.target), Path(args.data), Path(args.val), Path(args.out), cfg
@@ -215,6 +216,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     train.add_argument("--checkpoint-every", type=int, default=50)
     train.add_argument("--val-samples", type=int, default=48)
+    train.add_argument(
+        "--init-from",
+        default="",
+        metavar="RUN_DIR",
+        help="continue from another run's weights and draft vocabulary (fresh optimizer, "
+        "schedule and data order: for more data or more steps)",
+    )
     train.set_defaults(func=_cmd_train)
 
     export = actions.add_parser(

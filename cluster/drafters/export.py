@@ -48,11 +48,6 @@ def recipe_of(run_info: dict, step: int, name: str) -> dict:
         f" --per-context {data['code_long_per_context']} --chat {data['chat_short']}"
         f" --output-tokens {data['output_tokens']} --seed {data['seed']}"
     )
-    train_command = (
-        "cluster drafters train --out runs/"
-        + name
-        + "".join(f" --{flag.replace('_', '-')} {train[flag]}" for flag in _TRAIN_FLAGS)
-    )
     return {
         "variant": train["variant"],
         "exported_step": step,
@@ -62,12 +57,25 @@ def recipe_of(run_info: dict, step: int, name: str) -> dict:
             "validation": _validation_of(run_info.get("val_data_recipe")),
         },
         "train": train,
+        **({"init_from_step": run_info["init_from"]["step"]} if "init_from" in run_info else {}),
         "reproduce": [
             data_command,
-            train_command,
+            *_train_commands(run_info, name),
             f"cluster drafters export runs/{name} --out drafters/{name}",
         ],
     }
+
+
+def _train_commands(run_info: dict, name: str) -> list[str]:
+    """The train command of this run, preceded by those of the runs it continued from."""
+    train, source = run_info["train"], run_info.get("init_from")
+    command = f"cluster drafters train --out runs/{name}" + "".join(
+        f" --{flag.replace('_', '-')} {train[flag]}" for flag in _TRAIN_FLAGS
+    )
+    if source is None:
+        return [command]
+    base = f"{name}-base"
+    return [*_train_commands(source, base), f"{command} --init-from runs/{base}"]
 
 
 def export(run_dir: Path, target: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:

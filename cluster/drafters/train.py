@@ -14,6 +14,7 @@
   held-out samples, which is what vLLM measures when the drafter runs for real.
 - `checkpoint.pt` (model, optimizer, step, data position, RNG) is written every
   `checkpoint_every` steps and at the end; a run with the same output directory resumes.
+  `init_from` starts a new run from another run's weights instead (continued training).
 """
 
 from __future__ import annotations
@@ -81,10 +82,16 @@ class TrainConfig:
     """Steps between checkpoints (and validation)."""
     val_samples: int = 48
     """Held-out samples used by validation."""
+    init_from: str = ""
+    """Run directory to start from: its checkpoint's weights and draft vocabulary, with a fresh
+    optimizer, schedule and data order (to continue a run on more data or for more steps).
+    Empty: random initialization."""
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant: {self.variant!r} is not one of {', '.join(VARIANTS)}")
+        if not self.prompt_loss_weight > 0:  # a cropped all-prompt sample would weigh nothing
+            raise ValueError(f"prompt_loss_weight: must be > 0, got {self.prompt_loss_weight}")
 
 
 def drafter_spec(target_config: dict, aux_layer_ids: list[int], cfg: TrainConfig) -> DrafterSpec:
@@ -293,8 +300,10 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
         "val_data_recipe": val_info["recipe"],
         "train": asdict(cfg),
     }
-    (out / RUN_INFO).write_text(json.dumps(run_info, indent=2) + "\n")  # becomes recipe.yaml
     model = Eagle3Drafter(spec, embed)
+    if cfg.init_from:
+        run_info["init_from"] = _init_from(model, Path(cfg.init_from), cfg)
+    (out / RUN_INFO).write_text(json.dumps(run_info, indent=2) + "\n")  # becomes recipe.yaml
     checkpoint_path = out / CHECKPOINT
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0
@@ -310,7 +319,8 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
         crop_rng = random.Random()
         crop_rng.setstate(state["crop_rng"])
     else:
-        model.init_weights(draft_vocabulary(dataset, cfg.draft_vocab_size), cfg.seed)
+        if not cfg.init_from:
+            model.init_weights(draft_vocabulary(dataset, cfg.draft_vocab_size), cfg.seed)
         step, position, crop_rng = 0, 0, random.Random(cfg.seed)
         (out / HISTORY).write_text("")
     target_head = embed[model.draft_to_target]  # tied target lm_head, draft rows only
@@ -356,6 +366,22 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
             with (out / HISTORY).open("a") as f:
                 f.write(json.dumps(record) + "\n")
     return metrics
+
+
+def _init_from(model: Eagle3Drafter, source: Path, cfg: TrainConfig) -> dict:
+    """Load `source`'s final weights into `model`; returns what the recipe records of it."""
+    if not (source / CHECKPOINT).is_file():
+        raise ValueError(f"init_from: no {CHECKPOINT} in {source}")
+    state = torch.load(source / CHECKPOINT, weights_only=False)
+    for field_name in ("variant", "draft_vocab_size"):
+        if state["config"][field_name] != getattr(cfg, field_name):
+            raise ValueError(
+                f"init_from: {source} has {field_name} {state['config'][field_name]!r}, "
+                f"this run {getattr(cfg, field_name)!r}"
+            )
+    model.load_state_dict(state["model"])
+    source_info = json.loads((source / RUN_INFO).read_text())
+    return {"run": str(source), "step": state["step"]} | source_info
 
 
 def _save_checkpoint(path, model, optimizer, step, stream, crop_rng, cfg) -> None:

@@ -79,6 +79,25 @@ def test_long_prompt_goes_to_speculative_pool_short_to_throughput(client, cluste
     assert raw.headers["x-cluster-pool"] == "throughput"
 
 
+def test_route_log_answers_by_request_id(client, cluster):
+    prefix = f"routes-{time.monotonic_ns()}-"
+    for i, content in enumerate([long_code_prompt(), "Name one prime number."]):
+        client.chat.completions.create(
+            model=cluster.model,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=2,
+            extra_headers={"x-request-id": f"{prefix}{i}"},
+        )
+    routes = requests.get(
+        f"{cluster.base_url}/cluster/routes", params={"request_id_prefix": prefix}, timeout=10
+    ).json()
+    assert [(r["request_id"], r["pool"], r["reason"]) for r in routes] == [
+        (f"{prefix}0", "speculative", "long_context"),
+        (f"{prefix}1", "throughput", "short_prompt"),
+    ]
+    assert routes[0]["prompt_tokens"] >= 1500 and routes[0]["target"] == cluster.model
+
+
 def test_speculative_pool_reports_speculation_stats(client, cluster):
     import ray
     from ray import serve

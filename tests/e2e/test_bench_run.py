@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,11 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
     # Every request of the routed cluster is accounted to a pool; its speculative pool drafted.
     for cell in routed.values():
         assert sum(cell["routed"].values()) == cell["completed"]
+        assert {r["pool"] for r in cell["requests"]} <= {"speculative", "throughput"}
+        assert sum(p["completed"] for p in cell["by_pool"].values()) == cell["completed"]
+        assert Counter(r["pool"] for r in cell["requests"]) == cell["routed"]
+    for cell in result["configs"]["vllm"]["scenarios"].values():
+        assert {r["pool"] for r in cell["requests"]} == {None} and cell["routed"] == {}
     assert any(cell["speculation"]["drafts"] > 0 for cell in routed.values())
     assert "| routed |" in (out / "table.md").read_text()
     assert {p.name for p in out.glob("*.png")} == {

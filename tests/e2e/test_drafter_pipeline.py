@@ -53,6 +53,18 @@ def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
     assert sum(h["loss"] for h in last) < 0.7 * sum(h["loss"] for h in first), history
     assert "val_acceptance_estimate" in history[-1]
 
+    # Continued training starts where the run ended, not from a random drafter.
+    more = tmp_path / "more"
+    _cluster(
+        "train", "--data", str(data), "--val", str(val), "--out", str(more), "--steps", "4",
+        "--tokens-per-step", "512", "--max-sample-tokens", "384", "--ttt-steps", "3",
+        "--draft-vocab-size", "1024", "--lr", "3e-3", "--checkpoint-every", "4",
+        "--val-samples", "2", "--init-from", str(run),
+    )  # fmt: skip
+    continued = [json.loads(line) for line in (more / "history.jsonl").read_text().splitlines()]
+    assert continued[0]["loss"] < 0.8 * history[0]["loss"], (continued[0], history[0])
+    assert json.loads((more / "run.json").read_text())["init_from"]["step"] == 24
+
     _cluster("export", str(run), "--out", str(drafter))
     recipe = yaml.safe_load((drafter / "recipe.yaml").read_text())
     assert (recipe["variant"], recipe["exported_step"]) == ("eagle3.1", 24)

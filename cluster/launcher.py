@@ -73,10 +73,14 @@ class ServeProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
         started = time.monotonic()
         with open(self.log_path, "w") as out:
+            # Its own process group, which Ray's daemons join: Ray's process reaper SIGTERMs
+            # (then SIGKILLs) the whole group once `cluster serve` is gone, and that must not
+            # include the caller (a benchmark between two configurations, a test session).
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "cluster", "serve", str(self.config_path)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         while READY_MARKER not in self.log():
             if (
@@ -95,7 +99,8 @@ class ServeProcess:
             try:
                 self.exit_code = self._process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                self._process.kill()
+                os.killpg(self._process.pid, signal.SIGKILL)
+                self._process.wait()
                 self.exit_code = f"killed after {timeout_s:.0f}s"
         return self.exit_code
 

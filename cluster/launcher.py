@@ -96,17 +96,23 @@ class ServeProcess:
     def stop(self, timeout_s: float = 120) -> int | str:
         if self._process is not None and self.exit_code is None:
             self._process.send_signal(signal.SIGINT)
-            try:
-                self.exit_code = self._process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait()
-                self.exit_code = f"killed after {timeout_s:.0f}s"
+            self.exit_code = _wait_or_kill_group(self._process, timeout_s)
         return self.exit_code
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
         self._workdir.cleanup()
+
+
+def _wait_or_kill_group(process: subprocess.Popen, timeout_s: float) -> int | str:
+    """Exit code of a process asked to stop, or SIGKILL its process group after `timeout_s`
+    (children run in their own session, so the group is theirs alone)."""
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return f"killed after {timeout_s:.0f}s"
 
 
 def vllm_server_command(llm_config: dict[str, Any], port: int) -> tuple[list[str], dict[str, str]]:
@@ -183,11 +189,7 @@ class VLLMServerProcess:
         if self._process is None or self._process.poll() is not None:
             return
         os.killpg(self._process.pid, signal.SIGINT)
-        try:
-            self._process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait()
+        _wait_or_kill_group(self._process, timeout_s)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -118,6 +118,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         output_tokens=args.output_tokens,
         cores=args.cores,
         dtype=args.dtype,
+        ignore_eos=args.ignore_eos,
     )
     evaluate.write_report(report, Path(args.out), Path(args.plot) if args.plot else None)
     if args.write_drafter_metrics:
@@ -245,7 +246,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("-k", type=int, default=5, help="speculative tokens (default 5)")
     evaluate.add_argument("--no-ngram", action="store_true", help="skip the n-gram baseline")
     evaluate.add_argument("--requests", type=int, default=6, help="requests per bucket")
-    evaluate.add_argument("--output-tokens", type=int, default=128)
+    evaluate.add_argument(
+        "--output-tokens", type=int, default=128, help="most tokens generated per request"
+    )
+    evaluate.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="always generate --output-tokens (as load benchmarks do); by default responses "
+        "stop where the target stops, the text drafters are trained on and users get",
+    )
     evaluate.add_argument(
         "--dtype",
         default="float32",

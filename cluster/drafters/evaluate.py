@@ -1,8 +1,12 @@
 """`cluster drafters eval`: acceptance and speed of speculation methods, side by side.
 
 Every method (no speculation, n-gram, each drafter) runs the same held-out workload (`eval`
-split code-long prompts in context-length buckets) single stream, greedy, with a fixed output
-length, in its own vLLM engine (one subprocess per method, so memory and threads are clean).
+split code-long prompts in context-length buckets) single stream, greedy, in its own vLLM
+engine (one subprocess per method, so memory and threads are clean). Responses stop where the
+target stops, as in production: with `ignore_eos` (fixed output length, what load benchmarks
+do) the tokens after the target's end-of-turn are text no drafter was trained on, and a prompt
+the target answers in two tokens (it often just closes the code block) then weighs 46 junk
+tokens in a 48-token bucket. The target is greedy, so every method decodes the same text.
 Per bucket it records output tok/s and the deltas of vLLM's `vllm:spec_decode_*` counters:
 mean acceptance length and per-position acceptance. Writes JSON and a PNG.
 """
@@ -65,6 +69,7 @@ def _run_method(
     buckets: dict[str, list[dict]],
     cores: str,
     dtype: str,
+    ignore_eos: bool,
     result_path: str,
 ) -> None:
     """Child process: one engine, every bucket, single stream; writes JSON to result_path."""
@@ -85,13 +90,13 @@ def _run_method(
         speculative_config=method.speculative_config,
         seed=0,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=ignore_eos)
     warmup = next(iter(buckets.values()))[0]["prompt"]
     llm.chat([{"role": "user", "content": warmup}], params, use_tqdm=False)
     result: dict[str, Any] = {}
     for label, prompts in buckets.items():
         before = SpecCounters.from_vllm_metrics(llm.get_metrics())
-        tokens, elapsed, outputs = 0, 0.0, []
+        tokens, elapsed, stopped = 0, 0.0, 0
         for prompt in prompts:
             started = time.perf_counter()
             output = llm.chat(
@@ -99,11 +104,12 @@ def _run_method(
             )[0]
             elapsed += time.perf_counter() - started
             tokens += len(output.outputs[0].token_ids)
-            outputs.append(output.outputs[0].text)
+            stopped += output.outputs[0].finish_reason == "stop"
         counters = SpecCounters.from_vllm_metrics(llm.get_metrics()) - before
         result[label] = {
             "requests": len(prompts),
             "output_tokens": tokens,
+            "stopped_by_target": stopped,
             "seconds": elapsed,
             "output_tokens_per_s": tokens / elapsed,
             **counters.summary(),
@@ -112,13 +118,19 @@ def _run_method(
 
 
 def run_isolated(
-    target: Path, method: Method, buckets: dict[str, list[dict]], cores: str, dtype: str
+    target: Path,
+    method: Method,
+    buckets: dict[str, list[dict]],
+    cores: str,
+    dtype: str,
+    ignore_eos: bool = False,
 ) -> dict:
     """`_run_method` in a fresh spawned process (its own engine, threads and memory)."""
     context = multiprocessing.get_context("spawn")
     result_path = Path(f"/tmp/cluster-eval-{os.getpid()}-{method.name}.json")
     child = context.Process(
-        target=_run_method, args=(str(target), method, buckets, cores, dtype, str(result_path))
+        target=_run_method,
+        args=(str(target), method, buckets, cores, dtype, ignore_eos, str(result_path)),
     )
     child.start()
     while child.is_alive() and not result_path.exists():
@@ -146,6 +158,7 @@ def evaluate(
     seed: int = 0,
     cores: str = "0-1",
     dtype: str = "float32",
+    ignore_eos: bool = False,
 ) -> dict[str, Any]:
     """Run every method on the same prompts; returns the report (see `write_report`)."""
     from transformers import AutoTokenizer
@@ -162,7 +175,7 @@ def evaluate(
         if max_context is None or context <= max_context
     }
     results = {
-        method.name: run_isolated(target, method, buckets, cores, dtype)
+        method.name: run_isolated(target, method, buckets, cores, dtype, ignore_eos)
         for method in tqdm(chosen, desc="eval methods", unit="method")
     }
     baseline = results.get("none")
@@ -181,7 +194,7 @@ def evaluate(
             "requests_per_bucket": per_bucket,
             "output_tokens": output_tokens,
             "seed": seed,
-            "mode": "single stream, greedy, ignore_eos",
+            "mode": "single stream, greedy, " + ("ignore_eos" if ignore_eos else "stop at eos"),
         },
         "methods": {m.name: m.speculative_config for m in chosen},
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor(), "cores": cores},

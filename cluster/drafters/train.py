@@ -301,10 +301,15 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
         "train": asdict(cfg),
     }
     model = Eagle3Drafter(spec, embed)
-    if cfg.init_from:
-        run_info["init_from"] = _init_from(model, Path(cfg.init_from), cfg)
-    (out / RUN_INFO).write_text(json.dumps(run_info, indent=2) + "\n")  # becomes recipe.yaml
     checkpoint_path = out / CHECKPOINT
+    if cfg.init_from:
+        # A resumed run's own checkpoint replaces the source weights: keep what it recorded.
+        run_info["init_from"] = (
+            json.loads((out / RUN_INFO).read_text())["init_from"]
+            if checkpoint_path.exists()
+            else _init_from(model, Path(cfg.init_from), cfg)
+        )
+    (out / RUN_INFO).write_text(json.dumps(run_info, indent=2) + "\n")  # becomes recipe.yaml
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0
     )
@@ -318,6 +323,7 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
         torch.set_rng_state(state["torch_rng"])
         crop_rng = random.Random()
         crop_rng.setstate(state["crop_rng"])
+        _keep_history_until(out / HISTORY, step)
     else:
         if not cfg.init_from:
             model.init_weights(draft_vocabulary(dataset, cfg.draft_vocab_size), cfg.seed)
@@ -366,6 +372,12 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
             with (out / HISTORY).open("a") as f:
                 f.write(json.dumps(record) + "\n")
     return metrics
+
+
+def _keep_history_until(path: Path, step: int) -> None:
+    """Drop the records of steps after the checkpoint: the resumed run replays them."""
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    path.write_text("".join(line for line in lines if json.loads(line)["step"] <= step))
 
 
 def _init_from(model: Eagle3Drafter, source: Path, cfg: TrainConfig) -> dict:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from cluster.drafters import spec
@@ -48,21 +50,41 @@ def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
         "--draft-vocab-size", "1024", "--lr", "3e-3", "--checkpoint-every", "12",
         "--val-samples", "2",
     )  # fmt: skip
-    history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    history = _history(run)
     first, last = history[:5], history[-5:]
     assert sum(h["loss"] for h in last) < 0.7 * sum(h["loss"] for h in first), history
     assert "val_acceptance_estimate" in history[-1]
 
-    # Continued training starts where the run ended, not from a random drafter.
-    more = tmp_path / "more"
-    _cluster(
-        "train", "--data", str(data), "--val", str(val), "--out", str(more), "--steps", "4",
+    # Continued training starts where the run ended, not from a random drafter. Killed at its
+    # first checkpoint and started again, it resumes and retraces an uninterrupted run.
+    continue_args = (
+        "train", "--data", str(data), "--val", str(val), "--steps", "12",
         "--tokens-per-step", "512", "--max-sample-tokens", "384", "--ttt-steps", "3",
         "--draft-vocab-size", "1024", "--lr", "3e-3", "--checkpoint-every", "4",
         "--val-samples", "2", "--init-from", str(run),
     )  # fmt: skip
-    continued = [json.loads(line) for line in (more / "history.jsonl").read_text().splitlines()]
+    reference, more = tmp_path / "reference", tmp_path / "more"
+    _cluster(*continue_args, "--out", str(reference))
+    continued = _history(reference)
     assert continued[0]["loss"] < 0.8 * history[0]["loss"], (continued[0], history[0])
+    assert json.loads((reference / "run.json").read_text())["init_from"]["step"] == 24
+
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "cluster", "drafters", *continue_args, "--out", str(more)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while not (more / "checkpoint.pt").exists():
+        assert killed.poll() is None and time.monotonic() < deadline, "no checkpoint written"
+        time.sleep(0.05)
+    killed.kill()
+    killed.wait()
+    assert torch.load(more / "checkpoint.pt", weights_only=False)["step"] < 12
+    _cluster(*continue_args, "--out", str(more))
+    resumed = _history(more)
+    assert [h["step"] for h in resumed] == list(range(1, 13))
+    assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in continued], rel=1e-5)
     assert json.loads((more / "run.json").read_text())["init_from"]["step"] == 24
 
     _cluster("export", str(run), "--out", str(drafter))
@@ -79,9 +101,15 @@ def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
     method = Method(
         "tiny", {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3}
     )
-    result = run_isolated(target, method, {"train": prompts}, "0-1", "float32")["train"]
+    # Fixed length: some training prompts are answered in two tokens.
+    buckets = {"train": prompts}
+    result = run_isolated(target, method, buckets, "0-1", "float32", ignore_eos=True)["train"]
     assert result["drafts"] > 0
     assert result["accepted_tokens"] > 0, result
+
+
+def _history(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
 
 
 def _training_prompts(data: Path) -> list[dict]:

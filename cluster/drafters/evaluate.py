@@ -4,9 +4,10 @@ Every method (no speculation, n-gram, each drafter) runs the same held-out workl
 split code-long prompts in context-length buckets) single stream, greedy, in its own vLLM
 engine (one subprocess per method, so memory and threads are clean). Responses stop where the
 target stops, as in production: with `ignore_eos` (fixed output length, what load benchmarks
-do) the tokens after the target's end-of-turn are text no drafter was trained on, and a prompt
-the target answers in two tokens (it often just closes the code block) then weighs 46 junk
-tokens in a 48-token bucket. The target is greedy, so every method decodes the same text.
+do) the tokens after the target's end-of-turn are text no drafter was trained on, and the
+target answers about one code prompt in six with just the closing fence of a code block (two
+tokens), so short-context buckets were mostly that text. The target is greedy, so every method
+decodes the same text; `stopped_by_target` counts the responses that ended before the limit.
 Per bucket it records output tok/s and the deltas of vLLM's `vllm:spec_decode_*` counters:
 mean acceptance length and per-position acceptance. Writes JSON and a PNG.
 """

@@ -5,7 +5,7 @@ split code-long prompts in context-length buckets) single stream, greedy, in its
 engine (one subprocess per method, so memory and threads are clean). Responses stop where the
 target stops, as in production: with `ignore_eos` (fixed output length, what load benchmarks
 do) the tokens after the target's end-of-turn are text no drafter was trained on, and the
-target answers about one code prompt in six with just the closing fence of a code block (two
+target answers about one code prompt in four with just the closing fence of a code block (two
 tokens), so short-context buckets were mostly that text. The target is greedy, so every method
 decodes the same text; `stopped_by_target` counts the responses that ended before the limit.
 Per bucket it records output tok/s and the deltas of vLLM's `vllm:spec_decode_*` counters:

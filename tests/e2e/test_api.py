@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -98,21 +100,30 @@ def test_route_log_answers_by_request_id(client, cluster):
     assert routes[0]["prompt_tokens"] >= 1500 and routes[0]["target"] == cluster.model
 
 
-def test_speculative_pool_reports_speculation_stats(client, cluster):
-    import ray
-    from ray import serve
+# Its own driver process: after `ray.shutdown()`, Serve's handle-metrics thread in a test
+# process calls into Ray again, which auto-starts a local Ray whose raylet outlives the test.
+POOL_STATS = """
+import json, ray
+from ray import serve
+ray.init(address="auto", log_to_driver=False)
+print(json.dumps({
+    pool: serve.get_deployment_handle(f"pool-{pool}", app_name="cluster")
+    .stats.remote().result(timeout_s=30)
+    for pool in ("speculative", "throughput")
+}))
+"""
 
+
+def test_speculative_pool_reports_speculation_stats(client, cluster):
     client.completions.create(
         model=cluster.model, prompt=long_code_prompt(), max_tokens=48, temperature=0
     )
-    ray.init(address="auto", log_to_driver=False)
-    try:
-        spec = serve.get_deployment_handle("pool-speculative", app_name="cluster")
-        thr = serve.get_deployment_handle("pool-throughput", app_name="cluster")
-        spec_stats = spec.stats.remote().result(timeout_s=30)
-        thr_stats = thr.stats.remote().result(timeout_s=30)
-    finally:
-        ray.shutdown()
+    driver = subprocess.run(
+        [sys.executable, "-c", POOL_STATS], capture_output=True, text=True, timeout=120
+    )
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    stats = json.loads(driver.stdout.strip().splitlines()[-1])
+    spec_stats, thr_stats = stats["speculative"], stats["throughput"]
     assert spec_stats["spec_drafts"] > 0
     assert spec_stats["spec_draft_tokens"] >= spec_stats["spec_drafts"]
     assert spec_stats["mean_acceptance_length"] >= 1.0

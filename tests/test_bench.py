@@ -103,6 +103,7 @@ RECORDED = {  # the shape `vllm.benchmarks.serve` returns, values from a real ru
     "output_lens": [64, 64, 0, 61],
     "input_lens": [1100, 1090, 1080, 1120],
     "errors": ["", "", "Server disconnected", ""],
+    "itls": [[0.04] * 63, [0.045] * 63, [], [0.05] * 60],
 }
 
 
@@ -113,7 +114,7 @@ def test_metrics_from_recorded_samples():
     assert samples[0].tpot_s == pytest.approx(2.5 / 63)
     assert samples[0].per_user_tok_s == pytest.approx(63 / 2.5)
     cell = metrics.summarize(samples, duration_s=10.0, failed=len(errors))
-    assert cell["completed"] == 3 and cell["failed"] == 1
+    assert cell["completed"] == 3 and cell["failed"] == 1 and cell["unstreamed"] == 0
     assert cell["aggregate_tok_s"] == pytest.approx(189 / 10)
     assert cell["latency_s"]["p50"] == pytest.approx(3.05)
     assert cell["latency_s"]["p90"] == pytest.approx(3.05 + 0.8 * (3.31 - 3.05))
@@ -121,6 +122,19 @@ def test_metrics_from_recorded_samples():
     assert metrics.lift(cell, cell) == pytest.approx(1.0)
     assert metrics.lift(cell, None) is None
     assert math.isnan(metrics.percentile([], 50))
+
+
+def test_a_response_in_one_chunk_has_no_decode_timing():
+    coalesced = RECORDED | {"itls": [[0.04] * 63, [], [], [0.05] * 60]}
+    samples, _ = metrics.requests_from_vllm(coalesced)
+    assert [s.chunks for s in samples] == [64, 1, 61]
+    assert samples[1].unstreamed and samples[1].tpot_s is None
+    assert samples[1].per_user_tok_s is None  # not 1 / (tiny gap): that read 100k tok/s
+    cell = metrics.summarize(samples, duration_s=10.0, failed=0)
+    assert cell["unstreamed"] == 1
+    assert cell["per_user_tok_s"]["mean"] == pytest.approx((63 / 2.5 + 60 / 3.0) / 2)
+    single = metrics.RequestSample(0.1, 0.1, 1, 10, chunks=1)  # one token: nothing to time
+    assert not single.unstreamed and single.tpot_s is None
 
 
 def test_per_request_pools_and_per_pool_aggregates():
@@ -228,6 +242,7 @@ def test_table_and_plots(tmp_path):
                 }
             },
             "vllm": {"scenarios": {"code-long-1024@c1": _cell(22), "code-long-1024@c4": _cell(16)}},
+            "ngram": {"scenarios": {"code-long-1024@c1": _cell(20) | {"unstreamed": 2}}},
             "eagle3": {"skipped": "no eagle3 drafter"},
             "routed": {"failed": "cluster serve did not start:\nout of memory"},
         },
@@ -236,6 +251,8 @@ def test_table_and_plots(tmp_path):
     assert "- `routed` did not start: cluster serve did not start:" in table
     assert "| eagle3.1 | 30.0 (1.50x) | 18.0 (1.20x) |" in table
     assert "skipped `eagle3`: no eagle3 drafter" in table
+    assert "- `ngram` code-long-1024@c1: 2 of 2 responses arrived in one chunk" in table
+    assert "`eagle3.1` code-long-1024@c1:" not in table
     assert "| eagle3.1 | code-long-1024@c1 | 2.50 | 0.60 / 0.30 / 0.10 |" in table
     assert report.overhead(result)["code-long-1024@c1"] == pytest.approx(1.0)
     assert "| eagle3.1 | mixed@rate1 | throughput | 2 | 1000 | 25.0 | 0.10 |" in table

@@ -189,7 +189,7 @@ def test_recipe_commands_reproduce_the_recorded_run():
     data_recipe = DataRecipe(code_long_contexts=(128, 256), chat_short=7, output_tokens=64)
     cfg = TrainConfig(variant="eagle3", steps=123, lr=3e-4, seed=5, bf16=False)
     run_info = {
-        "data_recipe": asdict(data_recipe),
+        "data_recipes": [asdict(data_recipe)],
         "val_data_recipe": asdict(data_recipe.scaled(0.5)),
         "train": asdict(cfg),
     }
@@ -202,6 +202,8 @@ def test_recipe_commands_reproduce_the_recorded_run():
     )
     assert data_args.contexts == (128, 256) and data_args.chat == 7
     assert data_args.output_tokens == 64 and data_args.per_context == 120
+    assert (data_args.out, data_args.val_out) == ("data/train-1", "data/val")
+    assert (train_args.data, train_args.val) == (["data/train-1"], "data/val")
     assert (train_args.variant, train_args.steps, train_args.lr, train_args.seed) == (
         "eagle3",
         123,
@@ -221,21 +223,32 @@ def test_recipe_of_a_continued_run_lists_the_base_run_first():
     from cluster.drafters.export import recipe_of
     from cluster.drafters.train import TrainConfig
 
-    data_recipe = asdict(DataRecipe())
-    base = {"data_recipe": data_recipe, "train": asdict(TrainConfig(steps=150, bf16=False))}
+    first, further = asdict(DataRecipe()), asdict(DataRecipe(seed=1, output_tokens=256))
+    base = {"data_recipes": [first], "train": asdict(TrainConfig(steps=150, bf16=False))}
     cfg = TrainConfig(steps=200, lr=1e-3, init_from="/somewhere/else", bf16=False)
     run_info = {
-        "data_recipe": data_recipe,
+        "data_recipes": [first, further],
         "train": asdict(cfg),
         "init_from": {"run": "/somewhere/else", "step": 150} | base,
     }
     recipe = recipe_of(run_info, step=200, name="d")
     assert recipe["init_from_step"] == 150
-    _, base_cmd, cont_cmd, _ = (shlex.split(c)[1:] for c in recipe["reproduce"])
-    base_args, cont_args = build_parser().parse_args(base_cmd), build_parser().parse_args(cont_cmd)
-    assert (base_args.out, base_args.steps, base_args.init_from) == ("runs/d-base", 150, "")
-    assert (cont_args.out, cont_args.steps, cont_args.lr) == ("runs/d", 200, 1e-3)
-    assert cont_args.init_from == "runs/d-base"  # not the machine-specific path
+    assert [s["dir"] for s in recipe["data"]["sets"]] == ["data/train-1", "data/train-2"]
+    data_cmd, further_cmd, base_cmd, cont_cmd, _ = (
+        build_parser().parse_args(shlex.split(c)[1:]) for c in recipe["reproduce"]
+    )
+    assert (data_cmd.out, data_cmd.seed, data_cmd.val_fraction) == ("data/train-1", 0, 0.08)
+    assert (further_cmd.out, further_cmd.seed, further_cmd.output_tokens) == (
+        "data/train-2",
+        1,
+        256,
+    )
+    assert further_cmd.val_fraction == 0  # the first set's validation set is reused
+    assert (base_cmd.out, base_cmd.steps, base_cmd.init_from) == ("runs/d-base", 150, "")
+    assert base_cmd.data == ["data/train-1"]
+    assert (cont_cmd.out, cont_cmd.steps, cont_cmd.lr) == ("runs/d", 200, 1e-3)
+    assert cont_cmd.data == ["data/train-1", "data/train-2"]
+    assert cont_cmd.init_from == "runs/d-base"  # not the machine-specific path
 
 
 def test_train_config_refuses_a_zero_prompt_loss_weight():

@@ -4,7 +4,9 @@ The load generator (`vllm.benchmarks.serve`) returns per-request arrays; `reques
 turns them into `RequestSample`s, and `summarize` aggregates one (config, scenario) cell.
 
 - TTFT: time to first token.
-- TPOT: (latency - TTFT) / (output tokens - 1), the decode time per token a user sees.
+- TPOT: (latency - TTFT) / (output tokens - 1), the decode time per token a user sees. A
+  response whose tokens all arrived in one chunk (a starved proxy coalesces a stream) has no
+  decode timing: it counts as `unstreamed` and stays out of TPOT and per-user tok/s.
 - per-user tok/s: 1 / TPOT, the rate one stream decodes at (what speculation lifts).
 - aggregate tok/s: all output tokens / wall time of the run (what batching lifts).
 """
@@ -27,10 +29,17 @@ class RequestSample:
     prompt_tokens: int
     pool: str | None = None
     """The pool the cluster's ingress routed it to (None for raw vLLM)."""
+    chunks: int | None = None
+    """Stream chunks that carried output (None: not recorded)."""
+
+    @property
+    def unstreamed(self) -> bool:
+        """Several tokens, one chunk: the decode time was never observed."""
+        return self.output_tokens >= 2 and self.chunks == 1
 
     @property
     def tpot_s(self) -> float | None:
-        if self.output_tokens < 2:
+        if self.output_tokens < 2 or self.unstreamed:
             return None
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
@@ -46,19 +55,20 @@ def requests_from_vllm(
     """Successful requests of a `vllm.benchmarks.serve` result, and the failed ones' errors.
     `pools`, in the same (request) order, says where each request was routed."""
     samples, errors = [], []
-    for ttft, latency, out, prompt, error, pool in zip(
+    for ttft, latency, out, prompt, error, itl, pool in zip(
         result["ttfts"],
         result["latencies"],
         result["output_lens"],
         result["input_lens"],
         result["errors"],
+        result["itls"],  # one gap per chunk after the first
         pools or [None] * len(result["errors"]),
         strict=True,
     ):
         if error or not out:
             errors.append(error or "no output")
             continue
-        samples.append(RequestSample(ttft, latency, out, prompt, pool))
+        samples.append(RequestSample(ttft, latency, out, prompt, pool, chunks=1 + len(itl)))
     return samples, errors
 
 
@@ -86,6 +96,7 @@ def summarize(samples: list[RequestSample], duration_s: float, failed: int) -> d
     return {
         "completed": len(samples),
         "failed": failed,
+        "unstreamed": sum(s.unstreamed for s in samples),
         "duration_s": duration_s,
         "ttft_s": distribution(s.ttft_s for s in samples),
         "tpot_s": distribution(s.tpot_s for s in samples),

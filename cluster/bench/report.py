@@ -50,6 +50,14 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"- skipped `{name}`: {config['skipped']}")
         elif "failed" in config:
             lines.append(f"- `{name}` did not start: {config['failed'].splitlines()[0]}")
+    for name, config in configs.items():
+        for scenario, cell in config["scenarios"].items():
+            if cell.get("unstreamed"):  # results written before it was counted lack it
+                lines.append(
+                    f"- `{name}` {scenario}: {cell['unstreamed']} of {cell['completed']} "
+                    "responses arrived in one chunk (a CPU-starved proxy coalesces streams); "
+                    "they are left out of TPOT and per-user tok/s"
+                )
     for workload in _workloads(result):
         levels = _closed_loop(result, workload)
         if not levels:

@@ -54,9 +54,12 @@ def _cmd_data(args: argparse.Namespace) -> int:
         output_tokens=args.output_tokens,
         seed=args.seed,
     )
-    for split, out, fraction in (("eval", args.val_out, args.val_fraction), ("train", args.out, 1)):
+    sets = [("train", args.out, 1)]
+    if args.val_fraction > 0:  # a further training set reuses the first one's validation set
+        sets.insert(0, ("eval", args.val_out, args.val_fraction))
+    for split, out, fraction in sets:
         data.generate(target, Path(out), recipe.scaled(fraction), split, args.batch_size)
-    for out in (args.val_out, args.out):
+    for _, out, _ in sets:
         data.capture(target, Path(out))
     return 0
 
@@ -81,9 +84,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         val_samples=args.val_samples,
         init_from=args.init_from,
     )
-    metrics = train(
-        resolve_target(args.target), Path(args.data), Path(args.val), Path(args.out), cfg
-    )
+    datasets = [Path(d) for d in args.data or [_default_data_dir("train")]]
+    metrics = train(resolve_target(args.target), datasets, Path(args.val), Path(args.out), cfg)
     print(f"{args.out}: {metrics}")
     return 0
 
@@ -178,7 +180,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "--output-tokens", type=int, default=defaults.output_tokens, help="max response tokens"
     )
     data.add_argument(
-        "--val-fraction", type=float, default=0.08, help="validation size relative to training"
+        "--val-fraction",
+        type=float,
+        default=0.08,
+        help="validation size relative to training (0: no validation set, for a further "
+        "training set next to an existing one)",
     )
     data.add_argument("--batch-size", type=int, default=64, help="prompts per vLLM batch")
     data.add_argument("--seed", type=int, default=0)
@@ -190,7 +196,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     train.add_argument("--target", default=EMBEDDED_TARGET)
-    train.add_argument("--data", default=str(_default_data_dir("train")))
+    train.add_argument(
+        "--data",
+        action="append",
+        metavar="DIR",
+        help=f"training set (repeatable: all are mixed; default {_default_data_dir('train')})",
+    )
     train.add_argument("--val", default=str(_default_data_dir("val")))
     train.add_argument("--out", required=True, help="run directory (checkpoint, history)")
     train.add_argument("--variant", choices=("eagle3.1", "eagle3"), default="eagle3.1")

@@ -41,41 +41,60 @@ def _validation_of(val_recipe: dict | None) -> str:
 
 def recipe_of(run_info: dict, step: int, name: str) -> dict:
     """What a drafter was made from, and the commands that make it again."""
-    data, train = run_info["data_recipe"], run_info["train"]
-    data_command = (
-        "cluster drafters data"
-        f" --contexts {','.join(map(str, data['code_long_contexts']))}"
-        f" --per-context {data['code_long_per_context']} --chat {data['chat_short']}"
-        f" --output-tokens {data['output_tokens']} --seed {data['seed']}"
-    )
+    stages = _stages(run_info)
+    data_sets = []  # distinct training sets in order of first use; `data/train-N` is N-th
+    for stage in stages:
+        data_sets += [r for r in stage["data_recipes"] if r not in data_sets]
     return {
-        "variant": train["variant"],
+        "variant": run_info["train"]["variant"],
         "exported_step": step,
-        "data": data
-        | {
+        "data": {
+            "sets": [{"dir": _data_dir(data_sets, r)} | r for r in data_sets],
             "prompts": "stdlib `train` split (cluster/workloads.py), target's greedy responses",
             "validation": _validation_of(run_info.get("val_data_recipe")),
         },
-        "train": train,
+        "train": run_info["train"],
         **({"init_from_step": run_info["init_from"]["step"]} if "init_from" in run_info else {}),
         "reproduce": [
-            data_command,
-            *_train_commands(run_info, name),
+            *(_data_command(data_sets, r) for r in data_sets),
+            *(
+                _train_command(stage, data_sets, name + "-base" * (len(stages) - 1 - i))
+                for i, stage in enumerate(stages)
+            ),
             f"cluster drafters export runs/{name} --out drafters/{name}",
         ],
     }
 
 
-def _train_commands(run_info: dict, name: str) -> list[str]:
-    """The train command of this run, preceded by those of the runs it continued from."""
-    train, source = run_info["train"], run_info.get("init_from")
-    command = f"cluster drafters train --out runs/{name}" + "".join(
+def _stages(run_info: dict) -> list[dict]:
+    """The runs this one continued from (`--init-from`), oldest first, then this one."""
+    source = run_info.get("init_from")
+    return [*(_stages(source) if source else []), run_info]
+
+
+def _data_dir(data_sets: list[dict], recipe: dict) -> str:
+    return f"data/train-{data_sets.index(recipe) + 1}"
+
+
+def _data_command(data_sets: list[dict], recipe: dict) -> str:
+    # The first set also makes the validation set; later ones reuse it.
+    validation = " --val-out data/val" if recipe == data_sets[0] else " --val-fraction 0"
+    return (
+        f"cluster drafters data --out {_data_dir(data_sets, recipe)}{validation}"
+        f" --contexts {','.join(map(str, recipe['code_long_contexts']))}"
+        f" --per-context {recipe['code_long_per_context']} --chat {recipe['chat_short']}"
+        f" --output-tokens {recipe['output_tokens']} --seed {recipe['seed']}"
+    )
+
+
+def _train_command(stage: dict, data_sets: list[dict], name: str) -> str:
+    train = stage["train"]
+    data = "".join(f" --data {_data_dir(data_sets, r)}" for r in stage["data_recipes"])
+    command = f"cluster drafters train --out runs/{name}{data} --val data/val" + "".join(
         f" --{flag.replace('_', '-')} {train[flag]}" for flag in _TRAIN_FLAGS
     )
-    if source is None:
-        return [command]
-    base = f"{name}-base"
-    return [*_train_commands(source, base), f"{command} --init-from runs/{base}"]
+    # The source run is the previous stage, named by `recipe_of` (not the machine's path).
+    return command + (f" --init-from runs/{name}-base" if "init_from" in stage else "")
 
 
 def export(run_dir: Path, target: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:

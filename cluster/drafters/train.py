@@ -117,10 +117,10 @@ def drafter_spec(target_config: dict, aux_layer_ids: list[int], cfg: TrainConfig
     )
 
 
-def draft_vocabulary(dataset: Path, size: int) -> torch.Tensor:
+def draft_vocabulary(shards: list[Path], size: int) -> torch.Tensor:
     """The `size` most frequent target ids in the data, sorted (ties broken by id)."""
     counts: Counter[int] = Counter()
-    for shard in data.shards_of(dataset):
+    for shard in shards:
         t = load_file(str(shard))
         counts.update(t["target_greedy"].tolist())
         counts.update(t["input_ids"].tolist())
@@ -216,8 +216,8 @@ class _SampleStream:
     """Samples in a seeded order: shards shuffled per epoch, samples shuffled within a shard
     (one shard in memory at a time). `position` counts samples consumed, for resume."""
 
-    def __init__(self, dataset: Path, seed: int, position: int = 0) -> None:
-        self.shards = data.shards_of(dataset)
+    def __init__(self, shards: list[Path], seed: int, position: int = 0) -> None:
+        self.shards = shards
         self.seed = seed
         self.position = 0
         self._iter = self._generate()
@@ -284,19 +284,26 @@ def validate(
     }
 
 
-def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainConfig) -> dict:
-    """Train (or resume) into `out`; returns the final validation metrics."""
+def train(
+    target: Path, datasets: list[Path], val_dataset: Path, out: Path, cfg: TrainConfig
+) -> dict:
+    """Train (or resume) into `out` on the shards of all `datasets`; returns the final
+    validation metrics."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     target_config, embed = load_target_embeddings(target)
-    info = json.loads((dataset / data.DATASET_INFO).read_text())
-    spec = drafter_spec(target_config, info["aux_layer_ids"], cfg)
+    infos = [json.loads((d / data.DATASET_INFO).read_text()) for d in datasets]
+    aux_layer_ids = {tuple(info["aux_layer_ids"]) for info in infos}
+    if len(aux_layer_ids) != 1:
+        raise ValueError(f"datasets captured different aux layers {sorted(aux_layer_ids)}")
+    spec = drafter_spec(target_config, infos[0]["aux_layer_ids"], cfg)
     spec.write(out)  # the exported config.json, known before training starts
     val_info = json.loads((val_dataset / data.DATASET_INFO).read_text())
+    shards = [shard for d in datasets for shard in data.shards_of(d)]
     run_info = {
-        "data_recipe": info["recipe"],
+        "data_recipes": [info["recipe"] for info in infos],
         "val_data_recipe": val_info["recipe"],
         "train": asdict(cfg),
     }
@@ -326,11 +333,11 @@ def train(target: Path, dataset: Path, val_dataset: Path, out: Path, cfg: TrainC
         _keep_history_until(out / HISTORY, step)
     else:
         if not cfg.init_from:
-            model.init_weights(draft_vocabulary(dataset, cfg.draft_vocab_size), cfg.seed)
+            model.init_weights(draft_vocabulary(shards, cfg.draft_vocab_size), cfg.seed)
         step, position, crop_rng = 0, 0, random.Random(cfg.seed)
         (out / HISTORY).write_text("")
     target_head = embed[model.draft_to_target]  # tied target lm_head, draft rows only
-    stream = _SampleStream(dataset, cfg.seed, position)
+    stream = _SampleStream(shards, cfg.seed, position)
     val_samples = list(data.samples(val_dataset))[: cfg.val_samples]
     metrics: dict = {}
     model.train()

@@ -36,7 +36,9 @@ def _cluster(*args: str) -> str:
 @pytest.mark.e2e
 def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
     target = prepare_embedded("smollm2-135m-instruct", quiet=True)
-    data, val, run, drafter = (tmp_path / n for n in ("data", "val", "run", "drafter"))
+    data, more_data, val, run, drafter = (
+        tmp_path / n for n in ("data", "more-data", "val", "run", "drafter")
+    )
     _cluster(
         "data", "--out", str(data), "--val-out", str(val), "--contexts", "128",
         "--per-context", "8", "--chat", "8", "--output-tokens", "32",
@@ -55,10 +57,17 @@ def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
     assert sum(h["loss"] for h in last) < 0.7 * sum(h["loss"] for h in first), history
     assert "val_acceptance_estimate" in history[-1]
 
-    # Continued training starts where the run ended, not from a random drafter. Killed at its
-    # first checkpoint and started again, it resumes and retraces an uninterrupted run.
+    # Continued training starts where the run ended, not from a random drafter, here on a
+    # further training set mixed with the first. Killed at its first checkpoint and started
+    # again, it resumes and retraces an uninterrupted run.
+    _cluster(
+        "data", "--out", str(more_data), "--val-out", str(tmp_path / "unused"), "--seed", "1",
+        "--contexts", "128", "--per-context", "4", "--chat", "4", "--output-tokens", "32",
+        "--val-fraction", "0",
+    )  # fmt: skip
+    assert not (tmp_path / "unused").exists()
     continue_args = (
-        "train", "--data", str(data), "--val", str(val), "--steps", "12",
+        "train", "--data", str(data), "--data", str(more_data), "--val", str(val), "--steps", "12",
         "--tokens-per-step", "512", "--max-sample-tokens", "384", "--ttt-steps", "3",
         "--draft-vocab-size", "1024", "--lr", "3e-3", "--checkpoint-every", "4",
         "--val-samples", "2", "--init-from", str(run),
@@ -67,7 +76,9 @@ def test_tiny_pipeline_trains_a_drafter_vllm_accepts(tmp_path: Path):
     _cluster(*continue_args, "--out", str(reference))
     continued = _history(reference)
     assert continued[0]["loss"] < 0.8 * history[0]["loss"], (continued[0], history[0])
-    assert json.loads((reference / "run.json").read_text())["init_from"]["step"] == 24
+    reference_info = json.loads((reference / "run.json").read_text())
+    assert reference_info["init_from"]["step"] == 24
+    assert [r["seed"] for r in reference_info["data_recipes"]] == [0, 1]
 
     killed = subprocess.Popen(
         [sys.executable, "-m", "cluster", "drafters", *continue_args, "--out", str(more)],

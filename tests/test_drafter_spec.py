@@ -256,3 +256,35 @@ def test_train_config_refuses_a_zero_prompt_loss_weight():
 
     with pytest.raises(ValueError, match="prompt_loss_weight: must be > 0"):
         TrainConfig(prompt_loss_weight=0)
+
+
+def test_eval_markdown_table_from_a_report():
+    from cluster.drafters.evaluate import markdown
+
+    def bucket(al, tok_s, positions=None, speedup=None):
+        return {
+            "requests": 6, "output_tokens": 200, "stopped_by_target": 2, "seconds": 1.0,
+            "output_tokens_per_s": tok_s, "mean_acceptance_length": al,
+            "per_position_acceptance": positions,
+            **({"speedup_vs_none": speedup} if speedup else {}),
+        }  # fmt: skip
+
+    report = {
+        "workload": {"buckets": {"<512": 384, "512-2k": 1536}},
+        "results": {
+            "none": {"<512": bucket(None, 5.0), "512-2k": bucket(None, 4.0)},
+            "eagle3.1": {
+                "<512": bucket(2.4, 8.0, [0.7, 0.4], 1.6),
+                "512-2k": bucket(2.2, 6.0, [0.6, 0.3], 1.5),
+            },
+            "eagle3": {
+                "<512": bucket(2.0, 7.0, [0.6, 0.3], 1.4),
+                "512-2k": bucket(1.1, 4.4, [0.1, 0.0], 1.1),
+            },
+        },
+    }
+    table = markdown(report)
+    assert "| none | 1.00 | 1.00 | - | 5.0 | 4.0 |" in table
+    assert "| eagle3.1 | 2.40 | 2.20 | 0.60, 0.30 | 8.0 (x1.60) | 6.0 (x1.50) |" in table
+    assert "ratio: 1.20 (<512), 2.00 (512-2k)." in table
+    assert "200 at <512 (2 of 6 responses ended by the target)" in table

@@ -125,14 +125,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     evaluate.write_report(report, Path(args.out), Path(args.plot) if args.plot else None)
     if args.write_drafter_metrics:
         evaluate.write_drafter_metrics(report, drafters)
-    for name, per_bucket in report["results"].items():
-        cells = [
-            f"{label}: AL {r['mean_acceptance_length'] or 1:.2f}, "
-            f"{r['output_tokens_per_s']:.1f} tok/s (x{r.get('speedup_vs_none', 1):.2f})"
-            for label, r in per_bucket.items()
-        ]
-        print(f"{name:>10}  " + " | ".join(cells))
-    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    print(evaluate.markdown(report))
+    written = [args.out, str(Path(args.out).with_suffix(".md"))] + (
+        [args.plot] if args.plot else []
+    )
+    print(f"wrote {', '.join(written)}")
     return 0
 
 

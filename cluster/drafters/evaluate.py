@@ -205,10 +205,61 @@ def evaluate(
 
 
 def write_report(report: dict[str, Any], out_json: Path, out_png: Path | None) -> None:
+    """JSON, the Markdown table next to it (`.md`), and the plot."""
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(report, indent=2) + "\n")
+    out_json.with_suffix(".md").write_text(markdown(report))
     if out_png is not None:
         plot(report, out_png)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """One row per method: acceptance length per bucket, per-position acceptance in the
+    longest bucket, tok/s with the speed-up over no speculation; then the EAGLE 3.1 / EAGLE 3
+    acceptance ratio and how many tokens each bucket decoded."""
+    results, labels = report["results"], list(report["workload"]["buckets"])
+    longest = labels[-1]
+    lines = [
+        "| method | "
+        + " | ".join(f"AL {label}" for label in labels)
+        + f" | per-position {longest} | "
+        + " | ".join(f"tok/s {label}" for label in labels)
+        + " |",
+        "| --- " * (2 * len(labels) + 2) + "|",
+    ]
+    for name, per_bucket in results.items():
+        positions = per_bucket[longest].get("per_position_acceptance")
+        cells = [f"{_acceptance(per_bucket[label]):.2f}" for label in labels]
+        cells.append(", ".join(f"{a:.2f}" for a in positions) if positions else "-")
+        for label in labels:
+            r = per_bucket[label]
+            speedup = (
+                f" (x{r['speedup_vs_none']:.2f})"
+                if name != "none" and "speedup_vs_none" in r
+                else ""
+            )
+            cells.append(f"{r['output_tokens_per_s']:.1f}{speedup}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if {"eagle3.1", "eagle3"} <= results.keys():
+        ratios = (
+            f"{_acceptance(results['eagle3.1'][label]) / _acceptance(results['eagle3'][label]):.2f}"
+            f" ({label})"
+            for label in labels
+        )
+        lines.append(f"EAGLE 3.1 / EAGLE 3 acceptance-length ratio: {', '.join(ratios)}.")
+    first = next(iter(results.values()))  # greedy: every method decodes the same text
+    decoded = (
+        f"{first[label]['output_tokens']} at {label} ({first[label]['stopped_by_target']} of "
+        f"{first[label]['requests']} responses ended by the target)"
+        for label in labels
+    )
+    lines.append(f"Tokens decoded per method: {'; '.join(decoded)}.")
+    return "\n".join(lines) + "\n"
+
+
+def _acceptance(bucket: dict[str, Any]) -> float:
+    return bucket["mean_acceptance_length"] or 1.0  # None: no speculation, one token a step
 
 
 METRICS_FILE = "metrics.json"

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import save_file
 
 from cluster.config import ConfigError, parse_config
 from cluster.drafters import spec
 from cluster.drafters.spec import DrafterSpec
+
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "drafters"
 
 TARGET = {
     "architectures": ["LlamaForCausalLM"],
@@ -251,11 +254,53 @@ def test_recipe_of_a_continued_run_lists_the_base_run_first():
     assert cont_cmd.init_from == "runs/d-base"  # not the machine-specific path
 
 
-def test_train_config_refuses_a_zero_prompt_loss_weight():
+def test_recipe_of_a_run_continued_from_a_shipped_drafter_starts_with_its_recipe():
+    import shlex
+    from dataclasses import asdict
+
+    from cluster.cli import build_parser
+    from cluster.drafters.data import DataRecipe
+    from cluster.drafters.export import recipe_of
     from cluster.drafters.train import TrainConfig
 
-    with pytest.raises(ValueError, match="prompt_loss_weight: must be > 0"):
-        TrainConfig(prompt_loss_weight=0)
+    name = "smollm2-135m-instruct-eagle3"  # a prefix of the other shipped drafter's name
+    shipped = yaml.safe_load((SHIPPED_DIR / f"{name}.1" / "recipe.yaml").read_text())
+    shipped["reproduce"] = [c.replace(f"{name}.1", name) for c in shipped["reproduce"]]
+    new_data = asdict(DataRecipe(seed=1, output_tokens=192))
+    cfg = TrainConfig(steps=400, init_from=f"drafters/{name}", bf16=False)
+    run_info = {
+        "data_recipes": [new_data],
+        "val_data_recipe": asdict(DataRecipe(seed=1).scaled(0.08)),
+        "train": asdict(cfg),
+        "init_from": {"drafter": f"drafters/{name}", "step": 330, "recipe": shipped},
+    }
+    recipe = recipe_of(run_info, step=400, name=name)
+    assert recipe["continued_from"] == {"drafter": f"drafters/{name}", "recipe": shipped}
+    assert recipe["init_from_step"] == 330
+    commands = recipe["reproduce"]
+    prior = len(shipped["reproduce"])
+    assert commands[prior - 1] == f"cluster drafters export runs/{name}-base --out drafters/{name}"
+    assert f"--out runs/{name}-base-base-base " in commands[1]
+    assert f"--init-from runs/{name}-base-base" in commands[prior - 2]
+    data_cmd, train_cmd, export_cmd = (
+        build_parser().parse_args(shlex.split(c)[1:]) for c in commands[prior:]
+    )
+    assert (data_cmd.out, data_cmd.val_out, data_cmd.seed) == ("data/train-2", "data/val-2", 1)
+    assert (train_cmd.out, train_cmd.data, train_cmd.val) == (
+        f"runs/{name}",
+        ["data/train-2"],
+        "data/val-2",
+    )
+    assert (train_cmd.init_from, train_cmd.steps) == (f"drafters/{name}", 400)
+    assert (export_cmd.run, export_cmd.out) == (f"runs/{name}", f"drafters/{name}")
+
+
+@pytest.mark.parametrize("weight", [0, 1.5])
+def test_train_config_refuses_a_prompt_loss_weight_out_of_range(weight: float):
+    from cluster.drafters.train import TrainConfig
+
+    with pytest.raises(ValueError, match=r"prompt_loss_weight: must be in \(0, 1\]"):
+        TrainConfig(prompt_loss_weight=weight)
 
 
 def test_eval_markdown_table_from_a_report():

@@ -216,7 +216,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "--prompt-loss-weight",
         type=float,
         default=0.1,
-        help="loss weight of prompt positions relative to response positions",
+        help="loss weight of prompt positions relative to response positions, in (0, 1]: "
+        "the fraction of prompt positions each sample trains on",
     )
     train.add_argument("--draft-vocab-size", type=int, default=8192)
     train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
@@ -228,9 +229,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--init-from",
         default="",
-        metavar="RUN_DIR",
-        help="continue from another run's weights and draft vocabulary (fresh optimizer, "
-        "schedule and data order: for more data or more steps)",
+        metavar="DIR",
+        help="continue from another run's weights and draft vocabulary, or from an exported "
+        "drafter's (e.g. a shipped one); fresh optimizer, schedule and data order: for more "
+        "data or more steps",
     )
     train.set_defaults(func=_cmd_train)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,25 +42,40 @@ def _validation_of(val_recipe: dict | None) -> str:
 
 
 def recipe_of(run_info: dict, step: int, name: str) -> dict:
-    """What a drafter was made from, and the commands that make it again."""
+    """What a drafter was made from, and the commands that make it again.
+
+    A run continued from an exported drafter (a shipped one) starts its commands with those of
+    the drafter's own recipe, its run directories renamed one `-base` deeper."""
     stages = _stages(run_info)
-    data_sets = []  # distinct training sets in order of first use; `data/train-N` is N-th
+    source = stages[0].get("init_from") or {}
+    prior = source.get("recipe") if "drafter" in source else None
+    prior_commands = _deeper_runs(prior.get("reproduce", []), name) if prior else []
+    naming = _Naming(
+        offset=sum(c.startswith("cluster drafters data ") for c in prior_commands), name=name
+    )
+    data_sets = []  # distinct training sets in order of first use
     for stage in stages:
         data_sets += [r for r in stage["data_recipes"] if r not in data_sets]
     return {
         "variant": run_info["train"]["variant"],
         "exported_step": step,
         "data": {
-            "sets": [{"dir": _data_dir(data_sets, r)} | r for r in data_sets],
+            "sets": [{"dir": naming.data_dir(data_sets, r)} | r for r in data_sets],
             "prompts": "stdlib `train` split (cluster/workloads.py), target's greedy responses",
             "validation": _validation_of(run_info.get("val_data_recipe")),
         },
         "train": run_info["train"],
         **({"init_from_step": run_info["init_from"]["step"]} if "init_from" in run_info else {}),
+        **(
+            {"continued_from": {"drafter": source["drafter"], "recipe": prior}}
+            if prior is not None
+            else {}
+        ),
         "reproduce": [
-            *(_data_command(data_sets, r) for r in data_sets),
+            *prior_commands,
+            *(naming.data_command(data_sets, r) for r in data_sets),
             *(
-                _train_command(stage, data_sets, name + "-base" * (len(stages) - 1 - i))
+                naming.train_command(stage, data_sets, "-base" * (len(stages) - 1 - i))
                 for i, stage in enumerate(stages)
             ),
             f"cluster drafters export runs/{name} --out drafters/{name}",
@@ -67,34 +84,55 @@ def recipe_of(run_info: dict, step: int, name: str) -> dict:
 
 
 def _stages(run_info: dict) -> list[dict]:
-    """The runs this one continued from (`--init-from`), oldest first, then this one."""
+    """The runs this one continued from (`--init-from RUN`), oldest first, then this one."""
     source = run_info.get("init_from")
-    return [*(_stages(source) if source else []), run_info]
+    earlier = _stages(source) if source and "drafter" not in source else []
+    return [*earlier, run_info]
 
 
-def _data_dir(data_sets: list[dict], recipe: dict) -> str:
-    return f"data/train-{data_sets.index(recipe) + 1}"
+def _deeper_runs(commands: list[str], name: str) -> list[str]:
+    """`runs/NAME[-base...]` -> `runs/NAME-base[-base...]`: this run takes `runs/NAME`."""
+    pattern = re.compile(rf"runs/{re.escape(name)}(?=-base|\s|$)")
+    return [pattern.sub(f"runs/{name}-base", command) for command in commands]
 
 
-def _data_command(data_sets: list[dict], recipe: dict) -> str:
-    # The first set also makes the validation set; later ones reuse it.
-    validation = " --val-out data/val" if recipe == data_sets[0] else " --val-fraction 0"
-    return (
-        f"cluster drafters data --out {_data_dir(data_sets, recipe)}{validation}"
-        f" --contexts {','.join(map(str, recipe['code_long_contexts']))}"
-        f" --per-context {recipe['code_long_per_context']} --chat {recipe['chat_short']}"
-        f" --output-tokens {recipe['output_tokens']} --seed {recipe['seed']}"
-    )
+@dataclass(frozen=True)
+class _Naming:
+    """Directory names in the reproduce commands: `data/train-N` is the N-th training set
+    (after `offset` sets of an earlier recipe), `runs/NAME` the exported run."""
 
+    offset: int
+    name: str
 
-def _train_command(stage: dict, data_sets: list[dict], name: str) -> str:
-    train = stage["train"]
-    data = "".join(f" --data {_data_dir(data_sets, r)}" for r in stage["data_recipes"])
-    command = f"cluster drafters train --out runs/{name}{data} --val data/val" + "".join(
-        f" --{flag.replace('_', '-')} {train[flag]}" for flag in _TRAIN_FLAGS
-    )
-    # The source run is the previous stage, named by `recipe_of` (not the machine's path).
-    return command + (f" --init-from runs/{name}-base" if "init_from" in stage else "")
+    @property
+    def val_dir(self) -> str:
+        return "data/val" if not self.offset else f"data/val-{self.offset + 1}"
+
+    def data_dir(self, data_sets: list[dict], recipe: dict) -> str:
+        return f"data/train-{self.offset + data_sets.index(recipe) + 1}"
+
+    def data_command(self, data_sets: list[dict], recipe: dict) -> str:
+        # The first set also makes the validation set; later ones reuse it.
+        validation = f" --val-out {self.val_dir}" if recipe == data_sets[0] else " --val-fraction 0"
+        return (
+            f"cluster drafters data --out {self.data_dir(data_sets, recipe)}{validation}"
+            f" --contexts {','.join(map(str, recipe['code_long_contexts']))}"
+            f" --per-context {recipe['code_long_per_context']} --chat {recipe['chat_short']}"
+            f" --output-tokens {recipe['output_tokens']} --seed {recipe['seed']}"
+        )
+
+    def train_command(self, stage: dict, data_sets: list[dict], suffix: str) -> str:
+        train = stage["train"]
+        data = "".join(f" --data {self.data_dir(data_sets, r)}" for r in stage["data_recipes"])
+        command = (
+            f"cluster drafters train --out runs/{self.name}{suffix}{data} --val {self.val_dir}"
+        )
+        command += "".join(f" --{flag.replace('_', '-')} {train[flag]}" for flag in _TRAIN_FLAGS)
+        source = stage.get("init_from")
+        if not source:
+            return command
+        # An exported drafter by its path; a source run as the previous stage, named here.
+        return command + f" --init-from {source.get('drafter', f'runs/{self.name}{suffix}-base')}"
 
 
 def export(run_dir: Path, target: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:

@@ -16,6 +16,11 @@ is an anchor: at step `s` it holds the drafter's guess for token `i + 2 + s`, at
 position `i + s`, attending to the step-0 keys of positions `<= i` (the context the target
 verified) plus its own keys of steps `1..s` at the same anchor (its earlier drafts), which is
 exactly what vLLM's KV cache holds when it drafts `s` tokens deep.
+
+`anchors` restricts the unrolling to some anchors (training computes the loss at a sample of
+them): step 0 still computes keys and values at every position (the context every anchor
+attends to), but queries, MLP and `lm_head` only at the anchors, and later steps only there.
+The outputs at those anchors are exactly those of the full unrolling.
 """
 
 from __future__ import annotations
@@ -69,33 +74,53 @@ class Attention(nn.Module):
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
     def forward(
-        self, x: torch.Tensor, step: int, cache: list[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        x: torch.Tensor,
+        step: int,
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
+        anchors: torch.Tensor | None,
+        context_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """`x`: [T, 2H] inputs of draft step `step`; `cache` holds (k, v) of earlier steps."""
-        length = x.shape[0]
-        positions = torch.arange(length) + step
-        q = self._rotate(self.q_proj(x).view(length, self.heads, self.head_dim), positions)
-        k = self._rotate(self.k_proj(x).view(length, self.kv_heads, self.head_dim), positions)
-        v = self.v_proj(x).view(length, self.kv_heads, self.head_dim)
+        """Attention output at the anchors (every position when `anchors` is None).
+
+        `x`: [T, 2H] inputs at every position for step 0, [N, 2H] at the anchors for later
+        steps; `cache` holds (k, v) of earlier steps; `context_mask` is the additive
+        [N, T] mask of the step-0 keys an anchor sees (None: causal over every position)."""
+        rows = x.shape[0]
+        positions = torch.arange(rows) if anchors is None or step == 0 else anchors
+        k = self._rotate(self.k_proj(x).view(rows, self.kv_heads, self.head_dim), positions + step)
+        v = self.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+        if step == 0 and anchors is not None:
+            x, positions = x[anchors], anchors
+        q = self.q_proj(x).view(x.shape[0], self.heads, self.head_dim)
+        q = self._rotate(q, positions + step)
         group = self.heads // self.kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         cache.append((k, v))
         k0, v0 = (t.transpose(0, 1) for t in cache[0])  # [heads, T, d]
-        if step == 0:  # no earlier drafts: plain causal attention (a fused kernel)
-            out = F.scaled_dot_product_attention(q.transpose(0, 1), k0, v0, is_causal=True)
-            return self.o_proj(out.transpose(0, 1).reshape(length, -1))
+        if step == 0:  # no earlier drafts: plain masked attention (a fused kernel)
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1),
+                k0,
+                v0,
+                attn_mask=None if context_mask is None else context_mask.to(q.dtype),
+                is_causal=context_mask is None,
+            )
+            return self.o_proj(out.transpose(0, 1).reshape(q.shape[0], -1))
         q = q.transpose(0, 1) / math.sqrt(self.head_dim)
-        # Context keys (step 0) under a causal mask, added inside the matmul.
-        scores = [torch.baddbmm(_causal_mask(length, q.dtype), q, k0.transpose(1, 2))]
+        if context_mask is None:
+            context_mask = _causal_mask(q.shape[1], q.dtype)
+        # Context keys (step 0) under the mask, added inside the matmul.
+        scores = [torch.baddbmm(context_mask.to(q.dtype), q, k0.transpose(1, 2))]
         # Earlier drafts at the same anchor: one score each (the diagonal of the TTT mask).
         scores += [(q * ks.transpose(0, 1)).sum(-1, keepdim=True) for ks, _ in cache[1:]]
         probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
         # split, not slicing: its backward concatenates instead of zero-filling full copies.
-        context_probs, *draft_probs = probs.split([length] + [1] * (len(cache) - 1), dim=-1)
+        context_probs, *draft_probs = probs.split([k0.shape[1]] + [1] * (len(cache) - 1), dim=-1)
         out = context_probs @ v0
         for p, (_, vs) in zip(draft_probs, cache[1:], strict=True):
             out = out + p * vs.transpose(0, 1)
-        return self.o_proj(out.transpose(0, 1).reshape(length, -1))
+        return self.o_proj(out.transpose(0, 1).reshape(q.shape[1], -1))
 
 
 @functools.lru_cache(maxsize=4)
@@ -126,11 +151,13 @@ class MidLayer(nn.Module):
         self.mlp = MLP(spec)
         self.norm_before_residual = spec.norm_before_residual
 
-    def forward(self, embeds, hidden, step, cache) -> torch.Tensor:
+    def forward(self, embeds, hidden, step, cache, anchors, context_mask) -> torch.Tensor:
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
-        residual = residual + self.self_attn(x, step, cache)
+        if step == 0 and anchors is not None:  # every position feeds keys, anchors go on
+            residual = residual[anchors]
+        residual = residual + self.self_attn(x, step, cache, anchors, context_mask)
         return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
@@ -191,17 +218,30 @@ class Eagle3Drafter(nn.Module):
         return self.fc(flat)
 
     def unroll(
-        self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int
+        self,
+        input_ids: torch.Tensor,
+        aux_hidden: torch.Tensor,
+        steps: int,
+        anchors: torch.Tensor | None = None,
     ) -> list[StepOutput]:
-        """TTT over one sequence of T tokens: `steps` outputs of T - 1 anchors each."""
-        anchors = input_ids.shape[0] - 1
-        hidden = self.fuse(aux_hidden[:anchors])
+        """TTT over one sequence of T tokens: `steps` outputs at each of the sorted `anchors`
+        (default: all T - 1)."""
+        length = input_ids.shape[0] - 1
+        hidden = self.fuse(aux_hidden[:length])
         padded = torch.cat([input_ids, input_ids.new_zeros(steps)])
+        rows = torch.arange(length) if anchors is None else anchors
+        context_mask = None
+        if anchors is not None:
+            context_mask = torch.zeros(len(anchors), length).masked_fill(
+                torch.arange(length)[None, :] > anchors[:, None], float("-inf")
+            )
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         outputs = []
         for step in range(steps):
-            embeds = self.embed_tokens[padded[1 + step : 1 + step + anchors]]
-            pre = self.midlayer(embeds, hidden, step, cache)
+            # Step 0 reads every position (context keys); later steps only the anchors.
+            tokens = padded[1 : 1 + length] if step == 0 else padded[1 + step + rows]
+            embeds = self.embed_tokens[tokens]
+            pre = self.midlayer(embeds, hidden, step, cache, anchors, context_mask)
             post = self.norm(pre)
             outputs.append(StepOutput(self.lm_head(post), post if self.spec.norm_output else pre))
             hidden = outputs[-1].hidden

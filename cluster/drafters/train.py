@@ -8,7 +8,9 @@
 - Where the budget goes: the drafter only ever drafts after the prompt, on the target's own
   greedy text, yet prompts are ~90% of the captured tokens. So each sample keeps only the last
   `prompt_context_tokens` of its prompt (enough context to attend to) and prompt positions count
-  `prompt_loss_weight` as much as response positions.
+  `prompt_loss_weight` as much as response positions, by training on that fraction of them:
+  the unrolling skips the others (`Eagle3Drafter.unroll(anchors=...)`), about 4x less compute
+  per sample than weighting every position.
 - Validation: per-position accuracy (the drafter's top token is the target's greedy token) and
   an acceptance-length estimate `1 + sum_s P(steps 0..s all correct)` on response tokens of
   held-out samples, which is what vLLM measures when the drafter runs for real.
@@ -28,14 +30,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+import yaml
 from safetensors.torch import load_file
 from tqdm import tqdm
 
 from cluster.drafters import data
 from cluster.drafters.hardware import cpu_has_bf16
 from cluster.drafters.model import Eagle3Drafter, StepOutput
-from cluster.drafters.spec import DrafterSpec
+from cluster.drafters.spec import WEIGHTS_FILE, DrafterSpec
 
 CHECKPOINT = "checkpoint.pt"
 HISTORY = "history.jsonl"
@@ -62,7 +64,8 @@ class TrainConfig:
     more responses per step; the drafter still attends over that much prompt."""
     prompt_loss_weight: float = 0.1
     """Loss weight of a prompt position relative to a response position (where the drafter
-    actually drafts)."""
+    actually drafts), in (0, 1]: each step trains on that fraction of the prompt positions,
+    drawn at random."""
     draft_vocab_size: int = 8192
     """Tokens the drafter can propose."""
     lr: float = 6e-4
@@ -83,15 +86,17 @@ class TrainConfig:
     val_samples: int = 48
     """Held-out samples used by validation."""
     init_from: str = ""
-    """Run directory to start from: its checkpoint's weights and draft vocabulary, with a fresh
-    optimizer, schedule and data order (to continue a run on more data or for more steps).
-    Empty: random initialization."""
+    """Run directory or exported drafter directory to start from: its weights and draft
+    vocabulary, with a fresh optimizer, schedule and data order (to continue a run, or a
+    shipped drafter, on more data or for more steps). Empty: random initialization."""
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant: {self.variant!r} is not one of {', '.join(VARIANTS)}")
-        if not self.prompt_loss_weight > 0:  # a cropped all-prompt sample would weigh nothing
-            raise ValueError(f"prompt_loss_weight: must be > 0, got {self.prompt_loss_weight}")
+        if not 0 < self.prompt_loss_weight <= 1:  # a fraction of the prompt positions
+            raise ValueError(
+                f"prompt_loss_weight: must be in (0, 1], got {self.prompt_loss_weight}"
+            )
 
 
 def drafter_spec(target_config: dict, aux_layer_ids: list[int], cfg: TrainConfig) -> DrafterSpec:
@@ -155,34 +160,50 @@ def sample_loss(
     target_head: torch.Tensor,
     prompt_loss_weight: float = 1.0,
 ) -> tuple[torch.Tensor, list[tuple[int, int]], list[StepOutput], torch.Tensor]:
-    """Weighted TTT loss of one sample; per position (correct, counted) and the step outputs."""
-    outputs = model.unroll(sample.input_ids, sample.aux_hidden.float(), ttt_steps)
-    # Target distribution at position p predicts token p + 1; anchor i at step s needs p = i+1+s.
+    """TTT loss of one sample; per position (correct, counted) and the step outputs.
+
+    Every response anchor counts; each prompt anchor counts with probability
+    `prompt_loss_weight` (drawn from torch's RNG), which weighs prompt positions that much in
+    expectation while the unrolling skips the rest. At 1.0 every anchor counts and the outputs
+    cover the whole sequence (validation)."""
+    length = sample.input_ids.shape[0] - 1
+    # Anchor i predicts token i + 1, a response token from anchor prompt_len - 1 on.
+    prompt_anchors = min(length, max(0, sample.prompt_len - 1))
+    anchors = None
+    if prompt_loss_weight < 1 and prompt_anchors:
+        kept = (torch.rand(prompt_anchors) < prompt_loss_weight).nonzero()[:, 0]
+        anchors = torch.cat([kept, torch.arange(prompt_anchors, length)])
+        if not len(anchors):  # a cropped all-prompt sample with none drawn
+            anchors = torch.tensor([length - 1])
+    outputs = model.unroll(sample.input_ids, sample.aux_hidden.float(), ttt_steps, anchors)
+    rows = torch.arange(length) if anchors is None else anchors
     with torch.no_grad():
-        target_p = torch.softmax((sample.final_hidden[1:].float() @ target_head.T).float(), dim=-1)
+        # Anchor i at step s guesses token i + 2 + s: the target's distribution at position
+        # i + 1 + s, i.e. row i + s of the shifted states. Only the rows some step needs.
+        needed = torch.unique(torch.cat([rows + s for s in range(ttt_steps)]).clamp(max=length - 1))
+        row_of = torch.full((length,), -1, dtype=torch.long)
+        row_of[needed] = torch.arange(len(needed))
+        logits = sample.final_hidden[1:][needed].float() @ target_head.T
+        target_p = torch.softmax(logits.float(), dim=-1)
         target_top = target_p.argmax(-1)
-        in_vocab = model.t2d[sample.target_greedy[1:]].float()
-        # Anchor i predicts token i + 1, a response token from anchor prompt_len - 1 on.
-        position_weight = torch.ones_like(in_vocab)
-        position_weight[: max(0, sample.prompt_len - 1)] = prompt_loss_weight
+        in_vocab = model.t2d[sample.target_greedy[1:][needed]].float()
     loss = torch.zeros(())
     counts = []
     for s, out in enumerate(outputs):
-        # Anchors past the end at this depth have no target: padded with zero weight.
+        # Anchors past the end at this depth have no target: zero weight.
         with torch.no_grad():
-            mask = F.pad(in_vocab[s:], (0, s))
-            weight = mask * position_weight
-            target_s = F.pad(target_p[s:], (0, 0, 0, s))
+            valid = rows + s < length
+            picked = row_of[(rows + s).clamp(max=length - 1)]
+            mask = in_vocab[picked] * valid
         counted = int(mask.sum())
         if counted == 0:
             counts.append((0, 0))
             continue
         logp = torch.log_softmax(out.logits, dim=-1, dtype=torch.float32)
-        per_anchor = -(target_s * logp).sum(-1)
-        loss = loss + (0.8**s) * (per_anchor * weight).sum() / weight.sum()
+        per_anchor = -(target_p[picked] * logp).sum(-1)
+        loss = loss + (0.8**s) * (per_anchor * mask).sum() / mask.sum()
         with torch.no_grad():
-            top = F.pad(target_top[s:], (0, s), value=-1)
-            hits = (out.logits.argmax(-1) == top).float() * mask
+            hits = (out.logits.argmax(-1) == target_top[picked]).float() * mask
         counts.append((int(hits.sum()), counted))
     return loss, counts, outputs, sample.target_greedy[1:]
 
@@ -388,19 +409,37 @@ def _keep_history_until(path: Path, step: int) -> None:
 
 
 def _init_from(model: Eagle3Drafter, source: Path, cfg: TrainConfig) -> dict:
-    """Load `source`'s final weights into `model`; returns what the recipe records of it."""
-    if not (source / CHECKPOINT).is_file():
-        raise ValueError(f"init_from: no {CHECKPOINT} in {source}")
-    state = torch.load(source / CHECKPOINT, weights_only=False)
+    """Load `source`'s final weights into `model`; returns what the recipe records of it.
+
+    `source` is a run directory (its checkpoint) or an exported drafter directory
+    (`config.json` + `model.safetensors`, e.g. a shipped drafter: its `recipe.yaml` is kept)."""
+    if (source / CHECKPOINT).is_file():
+        state = torch.load(source / CHECKPOINT, weights_only=False)
+        _check_same(source, state["config"], cfg)
+        model.load_state_dict(state["model"])
+        source_info = json.loads((source / RUN_INFO).read_text())
+        return {"run": str(source), "step": state["step"]} | source_info
+    if not (source / WEIGHTS_FILE).is_file():
+        raise ValueError(f"init_from: {source} has neither {CHECKPOINT} nor {WEIGHTS_FILE}")
+    source_spec = DrafterSpec.read(source)
+    _check_same(
+        source,
+        {"variant": source_spec.variant, "draft_vocab_size": source_spec.draft_vocab_size},
+        cfg,
+    )
+    model.load_state_dict(load_file(str(source / WEIGHTS_FILE)))  # bf16 -> the model's dtype
+    recipe_file = source / "recipe.yaml"
+    recipe = yaml.safe_load(recipe_file.read_text()) if recipe_file.is_file() else {}
+    return {"drafter": str(source), "step": recipe.get("exported_step"), "recipe": recipe}
+
+
+def _check_same(source: Path, source_config: dict, cfg: TrainConfig) -> None:
     for field_name in ("variant", "draft_vocab_size"):
-        if state["config"][field_name] != getattr(cfg, field_name):
+        if source_config[field_name] != getattr(cfg, field_name):
             raise ValueError(
-                f"init_from: {source} has {field_name} {state['config'][field_name]!r}, "
+                f"init_from: {source} has {field_name} {source_config[field_name]!r}, "
                 f"this run {getattr(cfg, field_name)!r}"
             )
-    model.load_state_dict(state["model"])
-    source_info = json.loads((source / RUN_INFO).read_text())
-    return {"run": str(source), "step": state["step"]} | source_info
 
 
 def _save_checkpoint(path, model, optimizer, step, stream, crop_rng, cfg) -> None:

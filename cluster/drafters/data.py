@@ -120,6 +120,7 @@ def generate(
         responses.open("a") as f,
         tqdm(total=len(prompts), initial=len(done), desc=f"generate {split}", unit="req") as bar,
     ):
+        out_tokens = 0  # this run's, so a resumed run's rate is its own
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
             outputs = llm.chat(
@@ -137,8 +138,9 @@ def generate(
                 }
                 f.write(json.dumps(record) + "\n")
             f.flush()
+            out_tokens += sum(len(o.outputs[0].token_ids) for o in outputs)
             bar.update(len(batch))
-            bar.set_postfix(out_tokens=sum(len(o.outputs[0].token_ids) for o in outputs))
+            bar.set_postfix(out_tokens=out_tokens)
     del llm
     return responses
 

@@ -309,9 +309,10 @@ def test_eval_markdown_table_from_a_report():
     def bucket(al, tok_s, positions=None, speedup=None):
         return {
             "requests": 6, "output_tokens": 200, "stopped_by_target": 2, "seconds": 1.0,
-            "output_tokens_per_s": tok_s, "mean_acceptance_length": al,
-            "per_position_acceptance": positions,
+            "output_tokens_per_s": tok_s, "decode_tokens_per_s": 2 * tok_s,
+            "mean_acceptance_length": al, "per_position_acceptance": positions,
             **({"speedup_vs_none": speedup} if speedup else {}),
+            **({"decode_speedup_vs_none": speedup + 0.5} if speedup else {}),
         }  # fmt: skip
 
     report = {
@@ -329,7 +330,10 @@ def test_eval_markdown_table_from_a_report():
         },
     }
     table = markdown(report)
-    assert "| none | 1.00 | 1.00 | - | 5.0 | 4.0 |" in table
-    assert "| eagle3.1 | 2.40 | 2.20 | 0.60, 0.30 | 8.0 (x1.60) | 6.0 (x1.50) |" in table
+    assert "| none | 1.00 | 1.00 | - | 5.0 | 4.0 | 10.0 | 8.0 |" in table
+    assert (
+        "| eagle3.1 | 2.40 | 2.20 | 0.60, 0.30 | 8.0 (x1.60) | 6.0 (x1.50) | 16.0 (x2.10) "
+        "| 12.0 (x2.00) |" in table
+    )
     assert "ratio: 1.20 (<512), 2.00 (512-2k)." in table
     assert "200 at <512 (2 of 6 responses ended by the target)" in table

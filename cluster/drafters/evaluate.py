@@ -8,8 +8,10 @@ do) the tokens after the target's end-of-turn are text no drafter was trained on
 target answers about one code prompt in four with just the closing fence of a code block (two
 tokens), so short-context buckets were mostly that text. The target is greedy, so every method
 decodes the same text; `stopped_by_target` counts the responses that ended before the limit.
-Per bucket it records output tok/s and the deltas of vLLM's `vllm:spec_decode_*` counters:
-mean acceptance length and per-position acceptance. Writes JSON and a PNG.
+Per bucket it records output tok/s (whole requests, and decode alone: after the first token,
+from vLLM's per-request timestamps, since speculation does not speed up prefill) and the
+deltas of vLLM's `vllm:spec_decode_*` counters: mean acceptance length and per-position
+acceptance. Writes JSON and a PNG.
 """
 
 from __future__ import annotations
@@ -98,14 +100,21 @@ def _run_method(
     for label, prompts in buckets.items():
         before = SpecCounters.from_vllm_metrics(llm.get_metrics())
         tokens, elapsed, stopped = 0, 0.0, 0
+        decode_tokens, decode_seconds = 0, 0.0
         for prompt in prompts:
             started = time.perf_counter()
             output = llm.chat(
                 [{"role": "user", "content": prompt["prompt"]}], params, use_tqdm=False
             )[0]
             elapsed += time.perf_counter() - started
-            tokens += len(output.outputs[0].token_ids)
+            generated = len(output.outputs[0].token_ids)
+            tokens += generated
             stopped += output.outputs[0].finish_reason == "stop"
+            # After the first token (prefill): what speculation speeds up. Engine timestamps.
+            stats = output.metrics
+            if stats is not None and generated > 1 and stats.last_token_ts > stats.first_token_ts:
+                decode_tokens += generated - 1
+                decode_seconds += stats.last_token_ts - stats.first_token_ts
         counters = SpecCounters.from_vllm_metrics(llm.get_metrics()) - before
         result[label] = {
             "requests": len(prompts),
@@ -113,6 +122,7 @@ def _run_method(
             "stopped_by_target": stopped,
             "seconds": elapsed,
             "output_tokens_per_s": tokens / elapsed,
+            **({"decode_tokens_per_s": decode_tokens / decode_seconds} if decode_seconds else {}),
             **counters.summary(),
         }
     Path(result_path).write_text(json.dumps(result))
@@ -186,6 +196,10 @@ def evaluate(
                 r["speedup_vs_none"] = (
                     r["output_tokens_per_s"] / baseline[label]["output_tokens_per_s"]
                 )
+                if "decode_tokens_per_s" in r and "decode_tokens_per_s" in baseline[label]:
+                    r["decode_speedup_vs_none"] = (
+                        r["decode_tokens_per_s"] / baseline[label]["decode_tokens_per_s"]
+                    )
     return {
         "target": str(target),
         "workload": {
@@ -213,9 +227,24 @@ def write_report(report: dict[str, Any], out_json: Path, out_png: Path | None) -
         plot(report, out_png)
 
 
+# Whole request (prefill included), then decode only (after the first token).
+_RATES = (
+    ("output_tokens_per_s", "speedup_vs_none"),
+    ("decode_tokens_per_s", "decode_speedup_vs_none"),
+)
+
+
+def _rate_cell(r: dict[str, Any], rate: str, speedup: str, method: str) -> str:
+    if rate not in r:  # reports from before decode timing was recorded
+        return "-"
+    ratio = f" (x{r[speedup]:.2f})" if method != "none" and speedup in r else ""
+    return f"{r[rate]:.1f}{ratio}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """One row per method: acceptance length per bucket, per-position acceptance in the
-    longest bucket, tok/s with the speed-up over no speculation; then the EAGLE 3.1 / EAGLE 3
+    longest bucket, tok/s of whole requests and of decode alone (after the first token), each
+    with the speed-up over no speculation; then the EAGLE 3.1 / EAGLE 3
     acceptance ratio and how many tokens each bucket decoded."""
     results, labels = report["results"], list(report["workload"]["buckets"])
     longest = labels[-1]
@@ -224,21 +253,17 @@ def markdown(report: dict[str, Any]) -> str:
         + " | ".join(f"AL {label}" for label in labels)
         + f" | per-position {longest} | "
         + " | ".join(f"tok/s {label}" for label in labels)
+        + " | "
+        + " | ".join(f"decode tok/s {label}" for label in labels)
         + " |",
-        "| --- " * (2 * len(labels) + 2) + "|",
+        "| --- " * (3 * len(labels) + 2) + "|",
     ]
     for name, per_bucket in results.items():
         positions = per_bucket[longest].get("per_position_acceptance")
         cells = [f"{_acceptance(per_bucket[label]):.2f}" for label in labels]
         cells.append(", ".join(f"{a:.2f}" for a in positions) if positions else "-")
-        for label in labels:
-            r = per_bucket[label]
-            speedup = (
-                f" (x{r['speedup_vs_none']:.2f})"
-                if name != "none" and "speedup_vs_none" in r
-                else ""
-            )
-            cells.append(f"{r['output_tokens_per_s']:.1f}{speedup}")
+        for rate, speedup in _RATES:
+            cells += [_rate_cell(per_bucket[label], rate, speedup, name) for label in labels]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
     if {"eagle3.1", "eagle3"} <= results.keys():
@@ -292,14 +317,26 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         acceptance = [per_bucket[label]["mean_acceptance_length"] for label in labels]
         if any(a is not None for a in acceptance):
             left.plot(labels, [a or float("nan") for a in acceptance], marker="o", label=name)
-        right.plot(
+        (line,) = right.plot(
             labels,
             [per_bucket[label]["output_tokens_per_s"] for label in labels],
             marker="o",
             label=name,
         )
+        decode = [per_bucket[label].get("decode_tokens_per_s") for label in labels]
+        if all(decode):
+            right.plot(
+                labels,
+                decode,
+                marker="x",
+                linestyle="--",
+                color=line.get_color(),
+                label=f"{name} decode",
+            )
     left.set(title="Mean acceptance length", xlabel="prompt tokens", ylabel="tokens / step")
-    right.set(title="Single-stream output tok/s", xlabel="prompt tokens", ylabel="tok/s")
+    right.set(
+        title="Single-stream tok/s (dashed: decode only)", xlabel="prompt tokens", ylabel="tok/s"
+    )
     for axis in (left, right):
         axis.grid(alpha=0.3)
         axis.legend()

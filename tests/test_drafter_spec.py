@@ -272,25 +272,31 @@ def test_recipe_of_a_run_continued_from_a_shipped_drafter_starts_with_its_recipe
         "data_recipes": [new_data],
         "val_data_recipe": asdict(DataRecipe(seed=1).scaled(0.08)),
         "train": asdict(cfg),
-        "init_from": {"drafter": f"drafters/{name}", "step": 330, "recipe": shipped},
+        "init_from": {
+            "drafter": f"drafters/{name}",
+            "step": shipped["exported_step"],
+            "recipe": shipped,
+        },
     }
     recipe = recipe_of(run_info, step=400, name=name)
     assert recipe["continued_from"] == {"drafter": f"drafters/{name}", "recipe": shipped}
-    assert recipe["init_from_step"] == 330
+    assert recipe["init_from_step"] == shipped["exported_step"]
     commands = recipe["reproduce"]
     prior = len(shipped["reproduce"])
+    # The shipped drafter's commands come first, each of its runs one `-base` deeper (this run
+    # takes runs/NAME), ending with the export the new run starts from.
+    assert commands[:prior] == [
+        c.replace(f"runs/{name}", f"runs/{name}-base") for c in shipped["reproduce"]
+    ]
     assert commands[prior - 1] == f"cluster drafters export runs/{name}-base --out drafters/{name}"
-    assert f"--out runs/{name}-base-base-base " in commands[1]
-    assert f"--init-from runs/{name}-base-base" in commands[prior - 2]
+    # New data sets are numbered after the shipped recipe's.
+    shipped_sets = sum(c.startswith("cluster drafters data ") for c in shipped["reproduce"])
+    new_set, new_val = f"data/train-{shipped_sets + 1}", f"data/val-{shipped_sets + 1}"
     data_cmd, train_cmd, export_cmd = (
         build_parser().parse_args(shlex.split(c)[1:]) for c in commands[prior:]
     )
-    assert (data_cmd.out, data_cmd.val_out, data_cmd.seed) == ("data/train-2", "data/val-2", 1)
-    assert (train_cmd.out, train_cmd.data, train_cmd.val) == (
-        f"runs/{name}",
-        ["data/train-2"],
-        "data/val-2",
-    )
+    assert (data_cmd.out, data_cmd.val_out, data_cmd.seed) == (new_set, new_val, 1)
+    assert (train_cmd.out, train_cmd.data, train_cmd.val) == (f"runs/{name}", [new_set], new_val)
     assert (train_cmd.init_from, train_cmd.steps) == (f"drafters/{name}", 400)
     assert (export_cmd.run, export_cmd.out) == (f"runs/{name}", f"drafters/{name}")
 

@@ -313,15 +313,19 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     results = report["results"]
     labels = list(report["workload"]["buckets"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, per_bucket in results.items():
+    for index, (name, per_bucket) in enumerate(results.items()):
+        color = f"C{index}"  # one colour per method in both panels
         acceptance = [per_bucket[label]["mean_acceptance_length"] for label in labels]
         if any(a is not None for a in acceptance):
-            left.plot(labels, [a or float("nan") for a in acceptance], marker="o", label=name)
-        (line,) = right.plot(
+            left.plot(
+                labels, [a or float("nan") for a in acceptance], marker="o", label=name, color=color
+            )
+        right.plot(
             labels,
             [per_bucket[label]["output_tokens_per_s"] for label in labels],
             marker="o",
             label=name,
+            color=color,
         )
         decode = [per_bucket[label].get("decode_tokens_per_s") for label in labels]
         if all(decode):
@@ -330,7 +334,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
                 decode,
                 marker="x",
                 linestyle="--",
-                color=line.get_color(),
+                color=color,
                 label=f"{name} decode",
             )
     left.set(title="Mean acceptance length", xlabel="prompt tokens", ylabel="tokens / step")
@@ -339,7 +343,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     )
     for axis in (left, right):
         axis.grid(alpha=0.3)
-        axis.legend()
+        axis.legend(fontsize="small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -36,6 +36,13 @@ BUCKETS: tuple[tuple[str, int], ...] = (("<512", 384), ("512-2k", 1536), ("2k-6k
 """Context-length buckets: label and the prompt's code tokens."""
 
 
+# Whole request (prefill included), then decode only (after the first token).
+_RATES = (
+    ("output_tokens_per_s", "speedup_vs_none"),
+    ("decode_tokens_per_s", "decode_speedup_vs_none"),
+)
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -192,14 +199,9 @@ def evaluate(
     baseline = results.get("none")
     for per_bucket_result in results.values():
         for label, r in per_bucket_result.items():
-            if baseline:
-                r["speedup_vs_none"] = (
-                    r["output_tokens_per_s"] / baseline[label]["output_tokens_per_s"]
-                )
-                if "decode_tokens_per_s" in r and "decode_tokens_per_s" in baseline[label]:
-                    r["decode_speedup_vs_none"] = (
-                        r["decode_tokens_per_s"] / baseline[label]["decode_tokens_per_s"]
-                    )
+            for rate, speedup in _RATES:
+                if baseline and rate in r and rate in baseline[label]:
+                    r[speedup] = r[rate] / baseline[label][rate]
     return {
         "target": str(target),
         "workload": {
@@ -227,13 +229,6 @@ def write_report(report: dict[str, Any], out_json: Path, out_png: Path | None) -
         plot(report, out_png)
 
 
-# Whole request (prefill included), then decode only (after the first token).
-_RATES = (
-    ("output_tokens_per_s", "speedup_vs_none"),
-    ("decode_tokens_per_s", "decode_speedup_vs_none"),
-)
-
-
 def _rate_cell(r: dict[str, Any], rate: str, speedup: str, method: str) -> str:
     if rate not in r:  # reports from before decode timing was recorded
         return "-"
@@ -244,8 +239,8 @@ def _rate_cell(r: dict[str, Any], rate: str, speedup: str, method: str) -> str:
 def markdown(report: dict[str, Any]) -> str:
     """One row per method: acceptance length per bucket, per-position acceptance in the
     longest bucket, tok/s of whole requests and of decode alone (after the first token), each
-    with the speed-up over no speculation; then the EAGLE 3.1 / EAGLE 3
-    acceptance ratio and how many tokens each bucket decoded."""
+    with the speed-up over no speculation; then the EAGLE 3.1 / EAGLE 3 acceptance ratio and
+    how many tokens each bucket decoded."""
     results, labels = report["results"], list(report["workload"]["buckets"])
     longest = labels[-1]
     lines = [

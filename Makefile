@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= configs/embedded.yaml
 
-.PHONY: install serve test unit prepare bench-overhead clean
+.PHONY: install serve test unit prepare bench clean
 
 install: $(STAMP)
 
@@ -42,8 +42,9 @@ test: prepare $(TOOLS)
 unit: install $(TOOLS)
 	$(BIN)/python -m pytest -ra -m "not e2e" $(PYTEST_ARGS)
 
-bench-overhead: prepare
-	$(BIN)/python benchmarks/serving_overhead.py
+# The headline benchmark (about an hour on 2 cores; not part of `make test`): see docs/benchmarks.md.
+bench: prepare
+	$(BIN)/cluster bench --headline $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)

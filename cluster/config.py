@@ -97,6 +97,14 @@ class SpeculationConfig(_Strict):
     prompt_lookup_max: int = Field(default=5, ge=1)
     """`ngram` only: longest n-gram matched in the prompt."""
 
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
+    """Dynamic speculation (vLLM's schedule of the same name): `[[first, last, k], ...]`,
+    inclusive running-batch-size ranges from 1 upwards, each with its draft depth `k` (0: no
+    speculation at that batch size; at most `num_speculative_tokens`). Speculation pays while
+    a step is memory-bound (small batches) and costs once it is compute-bound; derive the
+    breakpoints from a measured sweep (`cluster bench --sweep-k`). None: always
+    `num_speculative_tokens`. vLLM ignores it with data parallel > 1 (refused here)."""
+
     @model_validator(mode="after")
     def _consistent(self) -> SpeculationConfig:
         if self.drafter is not None and self.method != "eagle3":
@@ -109,6 +117,14 @@ class SpeculationConfig(_Strict):
             raise ValueError("num_speculative_tokens: set but method is none")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min: larger than prompt_lookup_max")
+        if self.num_speculative_tokens_per_batch_size is not None:
+            from cluster.speculation import schedule_problem
+
+            problem = schedule_problem(
+                self.num_speculative_tokens_per_batch_size, self.num_speculative_tokens or 0
+            )
+            if problem:
+                raise ValueError(f"num_speculative_tokens_per_batch_size: {problem}")
         return self
 
 
@@ -211,10 +227,22 @@ class PoolConfig(_Strict):
     max_ongoing_requests: int = Field(default=64, ge=1)
     """Requests Serve lets into one replica at once (beyond that they queue in Serve)."""
 
+    stream_batching_interval_ms: float = Field(default=50, ge=0)
+    """Ray Serve LLM coalesces a stream's chunks over this many milliseconds before sending
+    them on (its `experimental_configs` knob; Ray's default is 50). Fewer, larger messages
+    cost less CPU per token; 0 forwards every chunk at once (lowest TTFT)."""
+
     @model_validator(mode="after")
     def _role_matches_speculation(self) -> PoolConfig:
         if self.role == "speculative" and self.speculation.method == "none":
             raise ValueError("speculation.method: a speculative pool needs eagle3 or ngram")
+        data_parallel = int(self.engine.extra.get("data_parallel_size", 1))
+        if self.speculation.num_speculative_tokens_per_batch_size and data_parallel > 1:
+            raise ValueError(
+                "speculation.num_speculative_tokens_per_batch_size: not supported with "
+                f"data parallel > 1 (engine.extra.data_parallel_size is {data_parallel}); vLLM "
+                "would silently fall back to a fixed depth. Remove one of the two."
+            )
         return self
 
 
@@ -254,6 +282,11 @@ class RayConfig(_Strict):
 
     include_dashboard: bool = True
     """Start the Ray dashboard (port 8265) for operations."""
+
+    serve_throughput_optimized: bool = True
+    """Set `RAY_SERVE_THROUGHPUT_OPTIMIZED=1` for the Serve processes this command starts
+    (Ray's bundle: user code on the replica's event loop, gRPC between proxy and replicas,
+    buffered request logs, GC frozen after start). With `--address`, set it on the cluster."""
 
 
 class ServerConfig(_Strict):

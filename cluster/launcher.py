@@ -7,6 +7,7 @@ records the exit code, so no Ray or vLLM process outlives the caller.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -64,7 +65,7 @@ class ServeProcess:
         self.log_path = Path(self._workdir.name) / "serve.log"
         self.ready_s: float | None = None
         self.exit_code: int | str | None = None
-        self._process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | None = None
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
@@ -76,17 +77,14 @@ class ServeProcess:
             # Its own process group, which Ray's daemons join: Ray's process reaper SIGTERMs
             # (then SIGKILLs) the whole group once `cluster serve` is gone, and that must not
             # include the caller (a benchmark between two configurations, a test session).
-            self._process = subprocess.Popen(
+            self.process = subprocess.Popen(
                 [sys.executable, "-m", "cluster", "serve", str(self.config_path)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         while READY_MARKER not in self.log():
-            if (
-                self._process.poll() is not None
-                or time.monotonic() - started > self.start_timeout_s
-            ):
+            if self.process.poll() is not None or time.monotonic() - started > self.start_timeout_s:
                 self.stop()
                 raise ServerStartError(f"cluster serve did not start:\n{self.log()[-4000:]}")
             time.sleep(1)
@@ -94,9 +92,9 @@ class ServeProcess:
         return self
 
     def stop(self, timeout_s: float = 120) -> int | str:
-        if self._process is not None and self.exit_code is None:
-            self._process.send_signal(signal.SIGINT)
-            self.exit_code = _wait_or_kill_group(self._process, timeout_s)
+        if self.process is not None and self.exit_code is None:
+            self.process.send_signal(signal.SIGINT)
+            self.exit_code = wait_or_kill_group(self.process, timeout_s)
         return self.exit_code
 
     def __exit__(self, *exc: object) -> None:
@@ -104,9 +102,33 @@ class ServeProcess:
         self._workdir.cleanup()
 
 
-def _wait_or_kill_group(process: subprocess.Popen, timeout_s: float) -> int | str:
+def session_processes(session_id: int) -> list[int]:
+    """Pids of every process in a session (Linux `/proc`)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[3]) == session_id:
+                pids.append(int(entry))
+    return pids
+
+
+def signal_session(session_id: int, sig: signal.Signals) -> int:
+    """Send `sig` to every process of a session; how many got it."""
+    sent = 0
+    for pid in session_processes(session_id):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+            sent += 1
+    return sent
+
+
+def wait_or_kill_group(process: subprocess.Popen, timeout_s: float) -> int | str:
     """Exit code of a process asked to stop, or SIGKILL its process group after `timeout_s`
     (children run in their own session, so the group is theirs alone)."""
+    signal_session(process.pid, signal.SIGCONT)  # a server frozen by a benchmark cannot exit
     try:
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -155,7 +177,7 @@ class VLLMServerProcess:
         self.start_timeout_s = start_timeout_s
         self._log = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
         self.ready_s: float | None = None
-        self._process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | None = None
 
     def log(self) -> str:
         return Path(self._log.name).read_text(errors="replace")
@@ -170,15 +192,12 @@ class VLLMServerProcess:
     def __enter__(self) -> VLLMServerProcess:
         started = time.monotonic()
         # Its own process group: the engine core it spawns goes down with it.
-        self._process = subprocess.Popen(
+        self.process = subprocess.Popen(
             self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
         while not self._healthy():
-            if (
-                self._process.poll() is not None
-                or time.monotonic() - started > self.start_timeout_s
-            ):
+            if self.process.poll() is not None or time.monotonic() - started > self.start_timeout_s:
                 self.stop()
                 raise ServerStartError(f"vLLM server did not start:\n{self.log()[-4000:]}")
             time.sleep(1)
@@ -186,10 +205,10 @@ class VLLMServerProcess:
         return self
 
     def stop(self, timeout_s: float = 60) -> None:
-        if self._process is None or self._process.poll() is not None:
+        if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self._process.pid, signal.SIGINT)
-        _wait_or_kill_group(self._process, timeout_s)
+        os.killpg(self.process.pid, signal.SIGINT)
+        wait_or_kill_group(self.process, timeout_s)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

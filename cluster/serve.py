@@ -44,6 +44,9 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
     if problems:
         raise ConfigError("\n".join(f"{config._source}: {p}" for p in problems))
 
+    # Serve reads it at import, in this process and in every Serve process Ray starts from it.
+    if config.ray.serve_throughput_optimized and not address:
+        os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
     import ray
     from ray import serve
 

@@ -149,3 +149,54 @@ class SpecCounters:
 
 def _padded(values: tuple[int, ...], width: int) -> tuple[int, ...]:
     return tuple(values) + (0,) * (width - len(values))
+
+
+Schedule = list[tuple[int, int, int]]
+"""vLLM's dynamic speculation schedule: inclusive batch-size ranges `(first, last, k)`."""
+
+
+def schedule_problem(schedule: Schedule, max_k: int) -> str | None:
+    """Why vLLM would refuse (or silently clip) `schedule`, in one line; None if it is fine.
+    vLLM's own rules (ranges positive, sorted, disjoint, the first starting at 1) plus ours:
+    no gaps (vLLM fills a gap with the previous depth, which nobody means to write) and no
+    depth above the pool's `num_speculative_tokens` (vLLM clips it without a word)."""
+    if not schedule:
+        return "empty (leave it out for a fixed depth)"
+    expected = 1
+    for first, last, k in schedule:
+        if first != expected:
+            return f"range ({first}, {last}, {k}) should start at batch size {expected}"
+        if last < first:
+            return f"range ({first}, {last}, {k}) ends before it starts"
+        if not 0 <= k <= max_k:
+            return f"depth {k} of range ({first}, {last}) is outside 0..{max_k} (the pool's depth)"
+        expected = last + 1
+    return None
+
+
+def derive_schedule(rates: dict[int, dict[int, float]], max_batch_size: int) -> Schedule:
+    """The dynamic speculation schedule a measured sweep supports.
+
+    `rates[k][c]`: per-user decode rate at draft depth `k` (0 = no speculation) and `c` requests
+    in flight. For every measured `c` the fastest `k` wins (a tie keeps the shallower depth,
+    which costs less compute); between measured levels a depth holds until the next measured
+    level, and the last one holds above the sweep up to `max_batch_size` (the pool's
+    `max_num_seqs`). Adjacent levels with the same depth merge,
+    so the schedule has as few range boundaries as the data allows (vLLM issue #49548 reports
+    throughput collapsing at boundaries)."""
+    levels = sorted({c for by_c in rates.values() for c in by_c})
+    if not levels or 0 not in rates:
+        raise ValueError("the sweep needs depth 0 (no speculation) and at least one level")
+    best = []
+    for c in levels:
+        measured = {k: by_c[c] for k, by_c in rates.items() if c in by_c}
+        best.append(max(sorted(measured), key=lambda k: (measured[k], -k)))
+    schedule: Schedule = []
+    for i, (c, k) in enumerate(zip(levels, best, strict=True)):
+        first = 1 if i == 0 else c
+        last = levels[i + 1] - 1 if i + 1 < len(levels) else max(c, max_batch_size)
+        if schedule and schedule[-1][2] == k:
+            schedule[-1] = (schedule[-1][0], last, k)
+        else:
+            schedule.append((first, last, k))
+    return schedule

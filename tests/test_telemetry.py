@@ -13,8 +13,10 @@ def _tracer():
     return provider.get_tracer(TRACER_NAME), exporter
 
 
-def test_span_tree_is_request_route_pool_call():
+def test_span_tree_is_request_route_pool_call(monkeypatch):
     tracer, exporter = _tracer()
+    clock = iter([100.0, 100.25])  # request start, first output token
+    monkeypatch.setattr("cluster.telemetry.time.monotonic", lambda: next(clock))
     trace = RequestTrace(tracer, {}, "chat")
     trace.record_route("speculative", "long_context", 2048)
     trace.start_pool_call("speculative")
@@ -33,7 +35,7 @@ def test_span_tree_is_request_route_pool_call():
     assert spans["cluster.route"].attributes["cluster.route_reason"] == "long_context"
     assert spans["cluster.route"].attributes["cluster.prompt_tokens"] == 2048
     assert spans["cluster.pool_call"].attributes["cluster.output_tokens"] == 17
-    assert spans["cluster.pool_call"].attributes["cluster.ttft_ms"] >= 0
+    assert spans["cluster.pool_call"].attributes["cluster.ttft_ms"] == 250.0
 
 
 def test_incoming_traceparent_is_continued():

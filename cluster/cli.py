@@ -57,9 +57,9 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_render_kuberay(args: argparse.Namespace) -> int:
-    from cluster.kuberay import dump_yaml, rayservice
+    from cluster.kuberay import dump_yaml_documents, manifests
 
-    manifest = rayservice(
+    documents = manifests(
         load_config(args.file),
         image=args.image,
         name=args.name,
@@ -67,7 +67,7 @@ def _cmd_render_kuberay(args: argparse.Namespace) -> int:
         efa_interfaces=args.efa_interfaces,
         memory_gib_per_gpu=args.memory_gib_per_gpu,
     )
-    print(dump_yaml(manifest), end="")
+    print(dump_yaml_documents(documents), end="")
     return 0
 
 
@@ -139,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     kuberay = render_commands.add_parser(
         "kuberay",
-        help="a KubeRay RayService (head + one worker group per pool, Serve config inline)",
-        description="Print the RayService that the Terraform kuberay module deploys. The Serve "
+        help="a KubeRay RayService (head, ingress group, one worker group per pool, Serve "
+        "config inline) with its Service, PodDisruptionBudgets and NetworkPolicies",
+        description="Print the manifests that the Terraform kuberay module deploys. The Serve "
         "config builds the app with the same code as `cluster serve`.",
     )
     _config_arg(kuberay, required=True)
@@ -200,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cluster.drafters.cli import add_commands as add_drafter_commands
 
     add_drafter_commands(commands)
+
+    from cluster.dashboards import add_command as add_dashboards_command
+
+    add_dashboards_command(commands)
 
     from cluster.bench.cli import add_command as add_bench_command
 

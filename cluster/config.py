@@ -302,6 +302,20 @@ class ServerConfig(_Strict):
     """Ray Serve application name."""
 
 
+class KubernetesConfig(_Strict):
+    """How `cluster render kuberay` lays the application out on Kubernetes (unused locally)."""
+
+    ingress_replicas: int = Field(default=2, ge=2)
+    """Replicas of the ingress deployment, one per pod of the CPU worker group, spread over
+    zones: the API survives losing a pod, a node or a zone."""
+
+    graceful_shutdown_timeout_s: float = Field(default=120, gt=0)
+    """How long a stopping replica may finish its in-flight requests (Serve's
+    `graceful_shutdown_timeout_s`, set on every deployment). Each Ray pod's preStop drains its
+    node and waits this long, and its `terminationGracePeriodSeconds` adds a margin, so a node
+    drain does not cut off a stream that finishes within this time."""
+
+
 class ClusterConfig(_Strict):
     """The whole application."""
 
@@ -322,6 +336,9 @@ class ClusterConfig(_Strict):
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     """HTTP endpoint."""
+
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    """Layout on Kubernetes (`cluster render kuberay`)."""
 
     # Directory relative paths resolve against: the config file's (set by the loader).
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)

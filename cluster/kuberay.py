@@ -1,10 +1,16 @@
-"""`cluster render kuberay`: a KubeRay `RayService` from the same cluster YAML that runs locally.
+"""`cluster render kuberay`: a KubeRay `RayService` from the same cluster YAML that runs locally,
+plus the objects that keep it safe to run: its ingress Service, a PodDisruptionBudget per worker
+group and a default-deny NetworkPolicy with explicit allows.
 
 The Serve config points at `cluster.deployments.app:app_builder` with the cluster config inline,
 so the application on EKS is built by the same code as `cluster serve`. One worker group per
 pool, sized by the pool's autoscaling bounds (one Ray worker pod = one replica's accelerators),
 with the Ray autoscaler on, so Serve autoscaling becomes pods and pending pods become GPU nodes
-(the gpu_nodes Terraform module labels each node group `cluster.ai/pool=<pool>`).
+(Karpenter's NodePool per pool, from the gpu_nodes Terraform module, labels its nodes
+`cluster.ai/pool=<pool>` and taints them for GPU pods only). A CPU worker group runs the Serve
+ingress, spread over zones; the load balancer reaches it through the `<name>-ingress` Service.
+The head keeps its state in an external Redis (GCS fault tolerance) so a head restart does not
+take the Serve application down.
 """
 
 from __future__ import annotations
@@ -20,43 +26,160 @@ NODE_MODEL_CACHE = "/mnt/k8s-disks/0"  # nodeadm's RAID0 of the instance-store N
 # The image's working directory: the project checkout, so shipped drafters/ are found there.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
+INGRESS_GROUP = "ingress"
+"""The CPU worker group of the Serve ingress (a pool may not take this name)."""
+INGRESS_RESOURCE = "cluster_ingress"
+"""Custom Ray resource: one per ingress pod, one per ingress replica, so replicas land one per
+pod (and the pods spread over zones) instead of on GPU nodes."""
+SERVE_PORT = 8000
+METRICS_PORT = 8080
+# Ray's own metrics endpoints on the head (autoscaler, dashboard) that Prometheus scrapes too.
+HEAD_METRICS_PORTS = (44217, 44227)
+DASHBOARD_AGENT_PORT = 52365
+GCS_REDIS_ADDRESS = "rediss://GCS_REDIS_ENDPOINT:6379"
+"""`rediss://` = TLS. The kuberay Terraform module replaces GCS_REDIS_ENDPOINT with the
+ElastiCache primary endpoint of the gcs_redis module."""
+GCS_REDIS_SECRET = "ray-gcs-redis"
+"""Kubernetes Secret (key `auth-token`) the kuberay module fills from Secrets Manager."""
+# Amazon's ElastiCache certificates chain to public roots: the image's system CA bundle.
+REDIS_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# In-cluster Prometheus and Grafana of the observability Terraform module; the Ray dashboard
+# queries Prometheus server-side and embeds Grafana panels in the operator's browser, which
+# reaches Grafana through `kubectl port-forward svc/grafana 3000:80 -n monitoring`.
+MONITORING_NAMESPACE = "monitoring"
+PROMETHEUS_HOST = f"http://kps-prometheus.{MONITORING_NAMESPACE}.svc:9090"
+GRAFANA_HOST = f"http://grafana.{MONITORING_NAMESPACE}.svc"
+GRAFANA_IFRAME_HOST = "http://localhost:3000"
+KUBERAY_NAMESPACE = "kuberay-system"
+# Serve's default `graceful_shutdown_wait_loop_s`; kept explicit so the pod's budget adds up.
+GRACEFUL_WAIT_LOOP_S = 2
+TERMINATION_MARGIN_S = 30  # SIGTERM to SIGKILL after the drain: Ray's own shutdown
+SERVICE_LABEL = "cluster.ai/rayservice"
+# checkov Kubernetes checks that do not fit Ray pods, with the reason next to each.
+CHECKOV_SKIPS = {
+    "CKV_K8S_8": "KubeRay injects the liveness probe of every Ray container",
+    "CKV_K8S_9": "KubeRay injects the readiness probe of every Ray container",
+    "CKV_K8S_22": "Ray writes its session, spill and log files under /tmp/ray and $HOME",
+    "CKV_K8S_43": "images are pinned by release tag in the render; digests are set by CI",
+    "CKV_K8S_15": "release tags are immutable; IfNotPresent avoids a registry pull per pod",
+    "CKV_K8S_40": "rayproject images run as their `ray` user, uid 1000; files in them are its",
+}
+HEAD_CHECKOV_SKIPS = {
+    "CKV_K8S_38": "the in-tree autoscaler sidecar on the head calls the Kubernetes API",
+}
+
+
+def _labels(name: str, group: str) -> dict[str, str]:
+    return {SERVICE_LABEL: name, "ray.io/group": group}
+
+
+def _pod_metadata(name: str, skips: dict[str, str]) -> dict[str, Any]:
+    return {
+        "labels": {SERVICE_LABEL: name},
+        "annotations": {
+            f"checkov.io/skip{i}": f"{check}={reason}"
+            for i, (check, reason) in enumerate(sorted(skips.items()), start=1)
+        },
+    }
+
+
+POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,  # the `ray` user of rayproject images
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def drain_seconds(config: ClusterConfig) -> int:
+    """What a pod's preStop waits: Serve's graceful shutdown of its replicas."""
+    return int(config.kubernetes.graceful_shutdown_timeout_s) + GRACEFUL_WAIT_LOOP_S
+
+
+def _pre_stop(config: ClusterConfig) -> dict[str, Any]:
+    """Tell Ray the node is going away, then give Serve the time it was promised: it starts
+    replacements elsewhere, the node's proxy fails its health checks (the load balancer stops
+    sending), and replicas finish in-flight streams before SIGTERM reaches Ray."""
+    seconds = drain_seconds(config)
+    drain = (
+        "ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION "
+        f"--reason-message 'pod terminating' --deadline-remaining-seconds {seconds}"
+    )
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"{drain}; sleep {seconds}"]}}}
+
+
+def _worker_pod(
+    config: ClusterConfig,
+    name: str,
+    image: str,
+    service_account: str,
+    limits: dict[str, Any],
+    container: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": _pod_metadata(name, CHECKOV_SKIPS),
+        "spec": {
+            "serviceAccountName": service_account,
+            "securityContext": POD_SECURITY_CONTEXT,
+            # Workers never call the Kubernetes API; Pod Identity mounts its own token.
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": drain_seconds(config) + TERMINATION_MARGIN_S,
+            "containers": [
+                {
+                    "name": "ray-worker",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "resources": {"limits": limits, "requests": limits},
+                    "securityContext": CONTAINER_SECURITY_CONTEXT,
+                    "lifecycle": _pre_stop(config),
+                    **(container or {}),
+                }
+            ],
+        },
+    }
+
 
 def _worker_group(
     config: ClusterConfig,
     pool: PoolConfig,
+    name: str,
     image: str,
     service_account: str,
     efa: int,
     memory_gib_per_gpu: int,
 ) -> dict:
+    if pool.name == INGRESS_GROUP:
+        raise ValueError(f"pool name {INGRESS_GROUP!r} is the ingress worker group's")
     target = config.target(pool.target)
     scaling = pool.autoscaling
     cpus = f"{pool.cpus_per_replica + 1:g}"  # engine bundle + the Serve replica actor
     limits: dict[str, Any] = {"cpu": cpus, "memory": "8Gi"}
-    pod: dict[str, Any] = {}
     if target.accelerator_type is not None:
         gpus = target.accelerators_per_replica
         limits.update(memory=f"{memory_gib_per_gpu * gpus}Gi", **{"nvidia.com/gpu": gpus})
         if efa:
             limits["vpc.amazonaws.com/efa"] = efa
-        pod["nodeSelector"] = {"cluster.ai/pool": pool.name}
-        pod["tolerations"] = [
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-        ]
-    pod["containers"] = [
+    pod = _worker_pod(
+        config,
+        name,
+        image,
+        service_account,
+        limits,
         {
-            "name": "ray-worker",
-            "image": image,
-            "resources": {"limits": limits, "requests": limits},
             "env": [{"name": "CLUSTER_CACHE", "value": MODEL_CACHE}],
             "volumeMounts": [
                 {"name": "model-cache", "mountPath": MODEL_CACHE},
                 {"name": "dshm", "mountPath": "/dev/shm"},
             ],
-        }
-    ]
-    pod["serviceAccountName"] = service_account
-    pod["volumes"] = [
+        },
+    )
+    if target.accelerator_type is not None:
+        # Karpenter's NodePool of this pool labels and taints its nodes (gpu_nodes module).
+        pod["spec"]["nodeSelector"] = {"cluster.ai/pool": pool.name}
+        pod["spec"]["tolerations"] = [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    pod["spec"]["volumes"] = [
         {
             "name": "model-cache",
             "hostPath": {"path": NODE_MODEL_CACHE, "type": "DirectoryOrCreate"},
@@ -69,7 +192,115 @@ def _worker_group(
         "minReplicas": scaling.min_replicas,
         "maxReplicas": scaling.max_replicas,
         "rayStartParams": {},
-        "template": {"spec": pod},
+        "template": pod,
+    }
+
+
+def _ingress_group(config: ClusterConfig, name: str, image: str, service_account: str) -> dict:
+    replicas = config.kubernetes.ingress_replicas
+    pod = _worker_pod(
+        config,
+        name,
+        image,
+        service_account,
+        {"cpu": "4", "memory": "16Gi"},  # the proxy, one ingress replica and its tokenizers
+        {"ports": [{"containerPort": SERVE_PORT, "name": "serve"}]},
+    )
+    pod["spec"]["nodeSelector"] = {"cluster.ai/role": "ingress"}
+    selector = {"matchLabels": _labels(name, INGRESS_GROUP)}
+    pod["spec"]["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": key,
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": selector,
+        }
+        for key in ("topology.kubernetes.io/zone", "kubernetes.io/hostname")
+    ]
+    return {
+        "groupName": INGRESS_GROUP,
+        "replicas": replicas,
+        "minReplicas": replicas,
+        "maxReplicas": replicas,
+        "rayStartParams": {},
+        "resources": {INGRESS_RESOURCE: "1"},
+        "template": pod,
+    }
+
+
+def _head(config: ClusterConfig, name: str, image: str, service_account: str) -> dict:
+    env = {
+        "RAY_REDIS_CA_CERT": REDIS_CA_BUNDLE,
+        "RAY_PROMETHEUS_HOST": PROMETHEUS_HOST,
+        "RAY_GRAFANA_HOST": GRAFANA_HOST,
+        "RAY_GRAFANA_IFRAME_HOST": GRAFANA_IFRAME_HOST,
+    }
+    limits = {"cpu": "4", "memory": "16Gi"}
+    return {
+        "rayStartParams": {
+            "dashboard-host": "0.0.0.0",
+            "num-cpus": "0",  # nothing but Ray's control plane on the head
+            "metrics-export-port": str(METRICS_PORT),
+        },
+        # ClusterIP only: dashboard, metrics and API stay inside the VPC.
+        "serviceType": "ClusterIP",
+        "template": {
+            "metadata": _pod_metadata(name, CHECKOV_SKIPS | HEAD_CHECKOV_SKIPS),
+            "spec": {
+                "serviceAccountName": service_account,
+                "securityContext": POD_SECURITY_CONTEXT,
+                "nodeSelector": {"cluster.ai/role": "system"},
+                "terminationGracePeriodSeconds": TERMINATION_MARGIN_S,
+                "containers": [
+                    {
+                        "name": "ray-head",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "resources": {"limits": limits, "requests": limits},
+                        "securityContext": CONTAINER_SECURITY_CONTEXT,
+                        "env": [{"name": k, "value": v} for k, v in env.items()],
+                        "ports": [
+                            {"containerPort": 6379, "name": "gcs"},
+                            {"containerPort": 8265, "name": "dashboard"},
+                            {"containerPort": 10001, "name": "client"},
+                            {"containerPort": SERVE_PORT, "name": "serve"},
+                            {"containerPort": METRICS_PORT, "name": "metrics"},
+                            {"containerPort": HEAD_METRICS_PORTS[0], "name": "as-metrics"},
+                            {"containerPort": HEAD_METRICS_PORTS[1], "name": "dash-metrics"},
+                        ],
+                    }
+                ],
+            },
+        },
+    }
+
+
+def _serve_config(config: ClusterConfig) -> dict[str, Any]:
+    from cluster.deployments.app import INGRESS_DEPLOYMENT, ingress_options, pool_deployment_name
+
+    graceful = {
+        "graceful_shutdown_timeout_s": config.kubernetes.graceful_shutdown_timeout_s,
+        "graceful_shutdown_wait_loop_s": GRACEFUL_WAIT_LOOP_S,
+    }
+    actor_options = ingress_options(config)["ray_actor_options"]
+    ingress = {
+        "name": INGRESS_DEPLOYMENT,
+        "num_replicas": config.kubernetes.ingress_replicas,
+        "ray_actor_options": {**actor_options, "resources": {INGRESS_RESOURCE: 1}},
+        **graceful,
+    }
+    pools = [{"name": pool_deployment_name(pool), **graceful} for pool in config.pools]
+    return {
+        "http_options": {"host": "0.0.0.0", "port": config.server.port},
+        "applications": [
+            {
+                "name": config.server.app_name,
+                "route_prefix": "/",
+                "import_path": "cluster.deployments.app:app_builder",
+                "args": {"config": serve_args_config(config)},
+                "deployments": [ingress, *pools],
+            }
+        ],
     }
 
 
@@ -85,51 +316,10 @@ def rayservice(
     """The RayService manifest (namespace is set by the Terraform kuberay module)."""
     import ray
 
-    serve_config = {
-        "http_options": {"host": "0.0.0.0", "port": config.server.port},
-        "applications": [
-            {
-                "name": config.server.app_name,
-                "route_prefix": "/",
-                "import_path": "cluster.deployments.app:app_builder",
-                "args": {"config": serve_args_config(config)},
-            }
-        ],
-    }
-    head = {
-        "rayStartParams": {
-            "dashboard-host": "0.0.0.0",
-            "num-cpus": "0",
-            "metrics-export-port": "8080",
-        },
-        # ClusterIP only: dashboard, metrics and API stay inside the VPC.
-        "serviceType": "ClusterIP",
-        "template": {
-            "spec": {
-                "serviceAccountName": service_account,
-                "nodeSelector": {"cluster.ai/role": "system"},
-                "containers": [
-                    {
-                        "name": "ray-head",
-                        "image": image,
-                        "resources": {
-                            "limits": {"cpu": "4", "memory": "16Gi"},
-                            "requests": {"cpu": "4", "memory": "16Gi"},
-                        },
-                        "ports": [
-                            {"containerPort": 6379, "name": "gcs"},
-                            {"containerPort": 8265, "name": "dashboard"},
-                            {"containerPort": 10001, "name": "client"},
-                            {"containerPort": 8000, "name": "serve"},
-                            {"containerPort": 8080, "name": "metrics"},
-                        ],
-                    }
-                ],
-            }
-        },
-    }
-    groups = [
-        _worker_group(config, pool, image, service_account, efa_interfaces, memory_gib_per_gpu)
+    groups = [_ingress_group(config, name, image, service_account)] + [
+        _worker_group(
+            config, pool, name, image, service_account, efa_interfaces, memory_gib_per_gpu
+        )
         for pool in config.pools
     ]
     return {
@@ -137,16 +327,137 @@ def rayservice(
         "kind": "RayService",
         "metadata": {"name": name},
         "spec": {
-            "serveConfigV2": dump_yaml(serve_config),
+            "serveConfigV2": dump_yaml(_serve_config(config)),
+            # The load balancer reaches the ingress pods through `<name>-ingress`; the head
+            # runs no proxy traffic.
+            "excludeHeadPodFromServeSvc": True,
             "rayClusterConfig": {
                 "rayVersion": ray.__version__,
                 "enableInTreeAutoscaling": True,
-                "autoscalerOptions": {"idleTimeoutSeconds": 600},
-                "headGroupSpec": head,
+                # v2 drains a node through the GCS before KubeRay deletes its pod.
+                "autoscalerOptions": {"version": "v2", "idleTimeoutSeconds": 600},
+                "gcsFaultToleranceOptions": {
+                    "redisAddress": GCS_REDIS_ADDRESS,
+                    "redisPassword": {
+                        "valueFrom": {
+                            "secretKeyRef": {"name": GCS_REDIS_SECRET, "key": "auth-token"}
+                        }
+                    },
+                },
+                "headGroupSpec": _head(config, name, image, service_account),
                 "workerGroupSpecs": groups,
             },
         },
     }
+
+
+def _ingress_service(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{name}-ingress", "labels": {SERVICE_LABEL: name}},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": _labels(name, INGRESS_GROUP),
+            "ports": [{"name": "serve", "port": SERVE_PORT, "targetPort": SERVE_PORT}],
+        },
+    }
+
+
+def _pdb(name: str, group: str) -> dict[str, Any]:
+    """At most one pod of a group down at a time from voluntary disruptions (node drains,
+    Karpenter consolidation, upgrades): a pool never loses every replica at once, and a group
+    of one can still be drained (its replica restarts elsewhere)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": f"{name}-{group}"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _labels(name, group)}},
+    }
+
+
+def _network_policy(name: str, suffix: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{name}-{suffix}"},
+        "spec": {"policyTypes": ["Ingress"], **spec},
+    }
+
+
+def _namespace(name: str) -> dict[str, Any]:
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+
+def _ports(*ports: int) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": port} for port in ports]
+
+
+def network_policies(name: str) -> list[dict[str, Any]]:
+    """Default deny for every pod of the namespace, then only: Ray pods among themselves (GCS,
+    object transfer, workers: many dynamic ports), the load balancer to the ingress pods' Serve
+    port, the KubeRay operator to the dashboard / agent / proxy health endpoints, Prometheus to
+    the metrics ports. The dashboard (8265) and client (10001) ports are reachable from nothing
+    else: operators use `kubectl port-forward`."""
+    ray_pods = {"matchLabels": {SERVICE_LABEL: name}}
+    return [
+        _network_policy(name, "default-deny", {"podSelector": {}}),
+        _network_policy(
+            name,
+            "intra-ray",
+            {"podSelector": ray_pods, "ingress": [{"from": [{"podSelector": ray_pods}]}]},
+        ),
+        # The ALB (target type ip) connects from its own ENIs; its security group, managed by
+        # the AWS Load Balancer Controller, admits only 443 from the allowed CIDRs.
+        _network_policy(
+            name,
+            "load-balancer",
+            {
+                "podSelector": {"matchLabels": _labels(name, INGRESS_GROUP)},
+                "ingress": [{"ports": _ports(SERVE_PORT)}],
+            },
+        ),
+        _network_policy(
+            name,
+            "kuberay-operator",
+            {
+                "podSelector": ray_pods,
+                "ingress": [
+                    {
+                        "from": [_namespace(KUBERAY_NAMESPACE)],
+                        "ports": _ports(8265, DASHBOARD_AGENT_PORT, SERVE_PORT),
+                    }
+                ],
+            },
+        ),
+        _network_policy(
+            name,
+            "prometheus",
+            {
+                "podSelector": ray_pods,
+                "ingress": [
+                    {
+                        "from": [_namespace(MONITORING_NAMESPACE)],
+                        "ports": _ports(METRICS_PORT, *HEAD_METRICS_PORTS),
+                    }
+                ],
+            },
+        ),
+    ]
+
+
+def manifests(config: ClusterConfig, **options: Any) -> list[dict[str, Any]]:
+    """Everything `cluster render kuberay` prints: the RayService (see `rayservice` for the
+    options), the ingress Service, a PodDisruptionBudget per worker group, NetworkPolicies."""
+    service = rayservice(config, **options)
+    name = service["metadata"]["name"]
+    groups = [g["groupName"] for g in service["spec"]["rayClusterConfig"]["workerGroupSpecs"]]
+    return [
+        service,
+        _ingress_service(name),
+        *(_pdb(name, group) for group in groups),
+        *network_policies(name),
+    ]
 
 
 def serve_args_config(config: ClusterConfig) -> dict[str, Any]:
@@ -173,3 +484,8 @@ def dump_yaml(data: Any) -> str:
 
     _Dumper.add_representer(str, _str)
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
+
+
+def dump_yaml_documents(documents: list[Any]) -> str:
+    """Several manifests as one multi-document YAML stream."""
+    return "---\n".join(dump_yaml(document) for document in documents)

@@ -1,7 +1,9 @@
-# Dev: one cheap L40S (g6e.xlarge) node per pool, scale to zero, single NAT gateway.
-# rayservice.yaml is rendered from configs/dev-g6e.yaml:
+# Dev: one cheap L40S (g6e.xlarge) node per replica, GPU pools scale to zero (Karpenter),
+# single NAT gateway, no AMP. kuberay.yaml is rendered from configs/dev-g6e.yaml:
 #   cluster render kuberay configs/dev-g6e.yaml --memory-gib-per-gpu 24 \
-#     > infra/terraform/envs/dev/rayservice.yaml
+#     > infra/terraform/envs/dev/kuberay.yaml
+# Apply in three steps (docs/infrastructure.md): AWS resources, then the charts that bring
+# CRDs (Karpenter, KubeRay, kube-prometheus-stack), then everything.
 
 provider "aws" {
   region = var.region
@@ -14,8 +16,8 @@ locals {
   tags = { environment = "dev", stack = "llm-inference", managed-by = "terraform" }
   # Pool names match the cluster YAML's pools: node groups, worker groups and node labels line up.
   gpu_pools = [
-    { name = "speculative", instance_type = "g6e.xlarge", min_size = 0, max_size = 1, desired_size = 1 },
-    { name = "throughput", instance_type = "g6e.xlarge", min_size = 0, max_size = 2, desired_size = 1 },
+    { name = "speculative", instance_types = ["g6e.xlarge"], max_nodes = 1 },
+    { name = "throughput", instance_types = ["g6e.xlarge"], max_nodes = 2 },
   ]
 }
 
@@ -71,15 +73,37 @@ module "eks" {
   tags                 = local.tags
 }
 
+module "karpenter" {
+  source                    = "../../modules/karpenter"
+  cluster_name              = module.eks.cluster_name
+  node_role_name            = module.eks.node_role_name
+  node_role_arn             = module.eks.node_role_arn
+  kms_key_arn               = aws_kms_key.platform.arn
+  subnet_ids                = module.network.private_subnet_ids
+  cluster_security_group_id = module.eks.cluster_security_group_id
+  tags                      = local.tags
+}
+
 module "gpu_nodes" {
   source                    = "../../modules/gpu_nodes"
   cluster_name              = module.eks.cluster_name
   vpc_id                    = module.network.vpc_id
   subnet_id                 = module.network.private_subnet_ids[0]
-  node_role_arn             = module.eks.node_role_arn
+  node_role_name            = module.eks.node_role_name
   cluster_security_group_id = module.eks.cluster_security_group_id
   kms_key_arn               = aws_kms_key.platform.arn
   pools                     = local.gpu_pools
+  tags                      = local.tags
+  depends_on                = [module.karpenter]
+}
+
+module "gcs_redis" {
+  source                    = "../../modules/gcs_redis"
+  name                      = var.name
+  vpc_id                    = module.network.vpc_id
+  subnet_ids                = module.network.private_subnet_ids
+  client_security_group_ids = [module.eks.cluster_security_group_id]
+  kms_key_arn               = aws_kms_key.platform.arn
   tags                      = local.tags
 }
 
@@ -117,9 +141,33 @@ provider "helm" {
 }
 
 module "kuberay" {
-  source          = "../../modules/kuberay"
-  namespace       = "ray"
-  service_account = "ray-weights-reader"
-  rayservice_yaml = file("${path.module}/rayservice.yaml")
-  depends_on      = [module.gpu_nodes, module.weights_bucket]
+  source                    = "../../modules/kuberay"
+  namespace                 = "ray"
+  service_account           = "ray-weights-reader"
+  manifests_yaml            = file("${path.module}/kuberay.yaml")
+  gcs_redis_endpoint        = module.gcs_redis.primary_endpoint
+  gcs_redis_auth_secret_arn = module.gcs_redis.auth_token_secret_arn
+  depends_on                = [module.gpu_nodes, module.weights_bucket, module.observability]
+}
+
+module "load_balancer" {
+  source          = "../../modules/load_balancer"
+  cluster_name    = module.eks.cluster_name
+  vpc_id          = module.network.vpc_id
+  region          = var.region
+  namespace       = module.kuberay.namespace
+  backend_service = module.kuberay.ingress_service
+  certificate_arn = var.certificate_arn
+  allowed_cidrs   = var.api_allowed_cidrs
+  tags            = local.tags
+}
+
+module "observability" {
+  source         = "../../modules/observability"
+  name           = var.name
+  cluster_name   = module.eks.cluster_name
+  dashboards_dir = "${path.module}/../../../grafana/dashboards"
+  amp_enabled    = false
+  kms_key_arn    = aws_kms_key.platform.arn
+  tags           = local.tags
 }

@@ -8,9 +8,14 @@ output "weights_bucket" {
   value       = module.weights_bucket.bucket_name
 }
 
-output "gpu_node_groups" {
-  description = "GPU node group per pool."
-  value       = module.gpu_nodes.node_group_names
+output "gpu_node_pools" {
+  description = "Karpenter NodePool per serving pool."
+  value       = module.gpu_nodes.node_pool_names
+}
+
+output "load_balancer_hostname" {
+  description = "DNS name of the HTTPS load balancer (CNAME the certificate's hostname to it)."
+  value       = module.load_balancer.load_balancer_hostname
 }
 
 output "rayservice" {

@@ -37,3 +37,13 @@ variable "image" {
   type        = string
   default     = "ghcr.io/example/cluster:0.1.0"
 }
+
+variable "certificate_arn" {
+  description = "ACM certificate of the API hostname; the ALB terminates TLS with it."
+  type        = string
+}
+
+variable "api_allowed_cidrs" {
+  description = "Client CIDRs the ALB admits on 443."
+  type        = list(string)
+}

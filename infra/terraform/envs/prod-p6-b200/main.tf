@@ -1,8 +1,11 @@
 # Production: Kimi K2.6 NVFP4 on p6-b200.48xlarge (8x B200, 8 EFA network cards) with a
-# speculative pool (EAGLE 3.1) and a throughput pool. rayservice.yaml is rendered from
+# speculative pool (EAGLE 3.1) and a throughput pool, GPU nodes from Karpenter (reservations
+# first), head HA on ElastiCache, HTTPS ALB, Prometheus + AMP. kuberay.yaml is rendered from
 # configs/kimi-k2.6-nvfp4-p6-b200.yaml:
 #   cluster render kuberay configs/kimi-k2.6-nvfp4-p6-b200.yaml --efa-interfaces 8 \
-#     > infra/terraform/envs/prod-p6-b200/rayservice.yaml
+#     > infra/terraform/envs/prod-p6-b200/kuberay.yaml
+# Apply in three steps (docs/infrastructure.md): AWS resources, then the charts that bring
+# CRDs (Karpenter, KubeRay, kube-prometheus-stack), then everything.
 
 provider "aws" {
   region = var.region
@@ -14,22 +17,23 @@ provider "aws" {
 locals {
   tags = { environment = "prod", stack = "llm-inference", managed-by = "terraform" }
   # Pool names match the cluster YAML's pools: node groups, worker groups and node labels line up.
+  # Reservations first (ODCR or Capacity Blocks for ML), on-demand when none is left.
+  capacity_types = length(var.capacity_reservation_ids) > 0 ? ["reserved", "on-demand"] : ["on-demand"]
+  # max_nodes = the pool's max_replicas (one replica = one 8-GPU node).
   gpu_pools = [
     {
-      name                    = "speculative"
-      instance_type           = "p6-b200.48xlarge"
-      min_size                = 1
-      max_size                = 4
-      taints                  = [{ key = "nvidia.com/gpu", value = "true", effect = "NO_SCHEDULE" }]
-      capacity_reservation_id = var.capacity_reservation_id
+      name                     = "speculative"
+      instance_types           = ["p6-b200.48xlarge"]
+      max_nodes                = 4
+      capacity_types           = local.capacity_types
+      capacity_reservation_ids = var.capacity_reservation_ids
     },
     {
-      name                    = "throughput"
-      instance_type           = "p6-b200.48xlarge"
-      min_size                = 1
-      max_size                = 8
-      taints                  = [{ key = "nvidia.com/gpu", value = "true", effect = "NO_SCHEDULE" }]
-      capacity_reservation_id = var.capacity_reservation_id
+      name                     = "throughput"
+      instance_types           = ["p6-b200.48xlarge"]
+      max_nodes                = 8
+      capacity_types           = local.capacity_types
+      capacity_reservation_ids = var.capacity_reservation_ids
     },
   ]
 }
@@ -85,15 +89,37 @@ module "eks" {
   tags                 = local.tags
 }
 
+module "karpenter" {
+  source                    = "../../modules/karpenter"
+  cluster_name              = module.eks.cluster_name
+  node_role_name            = module.eks.node_role_name
+  node_role_arn             = module.eks.node_role_arn
+  kms_key_arn               = aws_kms_key.platform.arn
+  subnet_ids                = module.network.private_subnet_ids
+  cluster_security_group_id = module.eks.cluster_security_group_id
+  tags                      = local.tags
+}
+
 module "gpu_nodes" {
   source                    = "../../modules/gpu_nodes"
   cluster_name              = module.eks.cluster_name
   vpc_id                    = module.network.vpc_id
   subnet_id                 = module.network.private_subnet_ids[0]
-  node_role_arn             = module.eks.node_role_arn
+  node_role_name            = module.eks.node_role_name
   cluster_security_group_id = module.eks.cluster_security_group_id
   kms_key_arn               = aws_kms_key.platform.arn
   pools                     = local.gpu_pools
+  tags                      = local.tags
+  depends_on                = [module.karpenter]
+}
+
+module "gcs_redis" {
+  source                    = "../../modules/gcs_redis"
+  name                      = var.name
+  vpc_id                    = module.network.vpc_id
+  subnet_ids                = module.network.private_subnet_ids
+  client_security_group_ids = [module.eks.cluster_security_group_id]
+  kms_key_arn               = aws_kms_key.platform.arn
   tags                      = local.tags
 }
 
@@ -131,9 +157,33 @@ provider "helm" {
 }
 
 module "kuberay" {
-  source          = "../../modules/kuberay"
-  namespace       = "ray"
-  service_account = "ray-weights-reader"
-  rayservice_yaml = file("${path.module}/rayservice.yaml")
-  depends_on      = [module.gpu_nodes, module.weights_bucket]
+  source                    = "../../modules/kuberay"
+  namespace                 = "ray"
+  service_account           = "ray-weights-reader"
+  manifests_yaml            = file("${path.module}/kuberay.yaml")
+  gcs_redis_endpoint        = module.gcs_redis.primary_endpoint
+  gcs_redis_auth_secret_arn = module.gcs_redis.auth_token_secret_arn
+  depends_on                = [module.gpu_nodes, module.weights_bucket, module.observability]
+}
+
+module "load_balancer" {
+  source          = "../../modules/load_balancer"
+  cluster_name    = module.eks.cluster_name
+  vpc_id          = module.network.vpc_id
+  region          = var.region
+  namespace       = module.kuberay.namespace
+  backend_service = module.kuberay.ingress_service
+  certificate_arn = var.certificate_arn
+  allowed_cidrs   = var.api_allowed_cidrs
+  tags            = local.tags
+}
+
+module "observability" {
+  source         = "../../modules/observability"
+  name           = var.name
+  cluster_name   = module.eks.cluster_name
+  dashboards_dir = "${path.module}/../../../grafana/dashboards"
+  amp_enabled    = var.amp_enabled
+  kms_key_arn    = aws_kms_key.platform.arn
+  tags           = local.tags
 }

@@ -32,14 +32,34 @@ variable "admin_principal_arns" {
   default     = []
 }
 
-variable "capacity_reservation_id" {
-  description = "Capacity Block or ODCR for the p6-b200 nodes (null = on-demand without reservation)."
-  type        = string
-  default     = null
-}
-
 variable "image" {
   description = "Container image with the cluster package, Ray and vLLM (recorded in rayservice.yaml)."
   type        = string
   default     = "ghcr.io/example/cluster:0.1.0"
+}
+
+variable "certificate_arn" {
+  description = "ACM certificate of the API hostname; the ALB terminates TLS with it."
+  type        = string
+}
+
+variable "api_allowed_cidrs" {
+  description = "Client CIDRs the ALB admits on 443."
+  type        = list(string)
+}
+
+variable "capacity_reservation_ids" {
+  description = "On-Demand Capacity Reservations or Capacity Blocks for ML (cr-...) for the p6-b200 pools; used before on-demand."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for id in var.capacity_reservation_ids : can(regex("^cr-[0-9a-f]+$", id))])
+    error_message = "capacity_reservation_ids must be cr-... IDs."
+  }
+}
+
+variable "amp_enabled" {
+  description = "Remote-write metrics to Amazon Managed Service for Prometheus for long-term retention."
+  type        = bool
+  default     = true
 }

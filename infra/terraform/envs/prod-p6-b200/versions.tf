@@ -13,6 +13,10 @@ terraform {
       source  = "hashicorp/helm"
       version = ">= 3.0"
     }
+    random = {
+      source  = "hashicorp/random"
+      version = ">= 3.6"
+    }
     kubernetes = {
       source  = "hashicorp/kubernetes"
       version = ">= 2.30"

@@ -80,6 +80,16 @@ resource "aws_eks_access_policy_association" "admin" {
   depends_on = [aws_eks_access_entry.admin]
 }
 
+# The VPC CNI enforces NetworkPolicies only with its network policy agent switched on; without
+# it the RayService's default-deny policy would be accepted and silently ignored.
+resource "aws_eks_addon" "vpc_cni" {
+  cluster_name                = aws_eks_cluster.this.name
+  addon_name                  = "vpc-cni"
+  resolve_conflicts_on_update = "OVERWRITE"
+  configuration_values        = jsonencode({ enableNetworkPolicy = "true" })
+  tags                        = var.tags
+}
+
 resource "aws_eks_addon" "pod_identity" {
   cluster_name = aws_eks_cluster.this.name
   addon_name   = "eks-pod-identity-agent"

@@ -23,6 +23,11 @@ output "oidc_provider_arn" {
   value       = aws_iam_openid_connect_provider.this.arn
 }
 
+output "node_role_name" {
+  description = "Name of the node role (Karpenter's EC2NodeClass spec.role)."
+  value       = aws_iam_role.node.name
+}
+
 output "node_role_arn" {
   description = "IAM role of the node groups."
   value       = aws_iam_role.node.arn

@@ -1,7 +1,10 @@
-# GPU node groups, one per serving pool. Multi-node tensor/pipeline parallelism and KV transfer
-# need EFA: one EFA interface per network card, a security group that allows all traffic to and
-# from itself, and a cluster placement group. The instance-store NVMe drives become one RAID0
-# volume for the model cache (nodeadm localStorage), so weights load from local disk.
+# GPU capacity, one Karpenter NodePool + EC2NodeClass per serving pool. Karpenter launches a
+# node when a Ray worker pod of the pool is Pending and removes it once empty, so a pool with
+# no replicas costs no GPU node (scale to zero). Multi-node tensor/pipeline parallelism and KV
+# transfer need EFA: one EFA interface per network card, a security group that allows all
+# traffic to and from itself, and a cluster placement group. The instance-store NVMe drives
+# become one RAID0 volume for the model cache, so weights load from local disk. Capacity
+# Reservations (On-Demand or Capacity Blocks for ML) are selected per pool and used first.
 
 locals {
   # Network cards per instance type = EFA interfaces to attach (AWS instance specs).
@@ -15,9 +18,20 @@ locals {
     "g6e.2xlarge"      = 0
     "g6.xlarge"        = 0
   }
+  gpus_by_type = {
+    "p6-b200.48xlarge" = 8
+    "p6-b300.48xlarge" = 8
+    "p5en.48xlarge"    = 8
+    "p5.48xlarge"      = 8
+    "p4d.24xlarge"     = 8
+    "g6e.xlarge"       = 1
+    "g6e.2xlarge"      = 1
+    "g6.xlarge"        = 1
+  }
   pools = {
     for p in var.pools : p.name => merge(p, {
-      efa_count = coalesce(p.efa_interfaces, lookup(local.efa_interfaces_by_type, p.instance_type, 0))
+      efa_count = coalesce(p.efa_interfaces, lookup(local.efa_interfaces_by_type, p.instance_types[0], 0))
+      gpus      = coalesce(p.gpus_per_node, lookup(local.gpus_by_type, p.instance_types[0], 8))
     })
   }
   efa_pools = { for name, p in local.pools : name => p if p.efa_count > 0 }
@@ -51,127 +65,121 @@ resource "aws_placement_group" "pool" {
   tags     = var.tags
 }
 
-resource "aws_launch_template" "pool" {
-  for_each    = local.pools
-  name_prefix = "${var.cluster_name}-${each.key}-"
-
-  metadata_options {
-    http_endpoint               = "enabled"
-    http_tokens                 = "required" # IMDSv2 only
-    http_put_response_hop_limit = 1          # pods use Pod Identity, never the node role
-  }
-
-  block_device_mappings {
-    device_name = "/dev/xvda"
-    ebs {
-      volume_size           = each.value.root_volume_gib
-      volume_type           = "gp3"
-      encrypted             = true
-      kms_key_id            = var.kms_key_arn
-      delete_on_termination = true
-    }
-  }
-
-  # Card 0 carries the primary interface (EFA + IP); the other cards are EFA-only.
-  dynamic "network_interfaces" {
-    for_each = range(max(each.value.efa_count, 1))
-    content {
-      network_card_index    = network_interfaces.value
-      device_index          = network_interfaces.value == 0 ? 0 : 1
-      interface_type        = each.value.efa_count == 0 ? null : (network_interfaces.value == 0 ? "efa" : "efa-only")
-      delete_on_termination = true
-      security_groups = each.value.efa_count == 0 ? [var.cluster_security_group_id] : [
-        var.cluster_security_group_id, aws_security_group.efa.id
-      ]
-    }
-  }
-
-  dynamic "placement" {
-    for_each = each.value.efa_count > 0 ? [1] : []
-    content {
-      group_name = aws_placement_group.pool[each.key].name
-    }
-  }
-
-  dynamic "capacity_reservation_specification" {
-    for_each = each.value.capacity_reservation_id == null ? [] : [1]
-    content {
-      capacity_reservation_target {
-        capacity_reservation_id = each.value.capacity_reservation_id
+resource "kubernetes_manifest" "node_class" {
+  for_each = local.pools
+  manifest = {
+    apiVersion = "karpenter.k8s.aws/v1"
+    kind       = "EC2NodeClass"
+    metadata   = { name = each.key }
+    spec = merge(
+      {
+        role = var.node_role_name
+        # Karpenter picks the NVIDIA variant of AL2023 for GPU instance types.
+        amiSelectorTerms    = [{ alias = var.ami_alias }]
+        subnetSelectorTerms = [{ id = var.subnet_id }]
+        securityGroupSelectorTerms = concat(
+          [{ id = var.cluster_security_group_id }],
+          each.value.efa_count > 0 ? [{ id = aws_security_group.efa.id }] : []
+        )
+        metadataOptions = {
+          httpEndpoint            = "enabled"
+          httpTokens              = "required" # IMDSv2 only
+          httpPutResponseHopLimit = 1          # pods use Pod Identity, never the node role
+        }
+        blockDeviceMappings = [{
+          deviceName = "/dev/xvda"
+          ebs = {
+            volumeSize          = "${each.value.root_volume_gib}Gi"
+            volumeType          = "gp3"
+            encrypted           = true
+            kmsKeyID            = var.kms_key_arn
+            deleteOnTermination = true
+          }
+        }]
+        # Instance-store NVMe as one RAID0 volume at /mnt/k8s-disks/0: the model cache.
+        instanceStorePolicy = "RAID0"
+        tags                = merge(var.tags, { Name = "${var.cluster_name}-${each.key}" })
+      },
+      # Card 0 carries the primary ENA interface plus an EFA-only device; the other cards are
+      # EFA-only.
+      each.value.efa_count == 0 ? {} : {
+        networkInterfaces = concat(
+          [
+            { networkCardIndex = 0, deviceIndex = 0, interfaceType = "interface" },
+            { networkCardIndex = 0, deviceIndex = 1, interfaceType = "efa-only" },
+          ],
+          [for card in range(1, each.value.efa_count) : { networkCardIndex = card, deviceIndex = 0, interfaceType = "efa-only" }]
+        )
+        placementGroupSelector = { name = aws_placement_group.pool[each.key].name }
+      },
+      length(each.value.capacity_reservation_ids) == 0 ? {} : {
+        capacityReservationSelectorTerms = [for id in each.value.capacity_reservation_ids : { id = id }]
       }
-    }
+    )
   }
-
-  dynamic "instance_market_options" {
-    for_each = each.value.market_type == "capacity-block" ? [1] : []
-    content {
-      market_type = "capacity-block"
-    }
-  }
-
-  user_data = base64encode(<<-EOT
-    MIME-Version: 1.0
-    Content-Type: multipart/mixed; boundary="BOUNDARY"
-
-    --BOUNDARY
-    Content-Type: application/node.eks.aws
-
-    apiVersion: node.eks.aws/v1alpha1
-    kind: NodeConfig
-    spec:
-      instance:
-        localStorage:
-          strategy: RAID0
-    --BOUNDARY--
-  EOT
-  )
-
-  tag_specifications {
-    resource_type = "instance"
-    tags          = merge(var.tags, { Name = "${var.cluster_name}-${each.key}" })
-  }
-  tags = var.tags
 }
 
-resource "aws_eks_node_group" "pool" {
-  for_each        = local.pools
-  cluster_name    = var.cluster_name
-  node_group_name = each.key
-  node_role_arn   = var.node_role_arn
-  subnet_ids      = [var.subnet_id]
-  instance_types  = [each.value.instance_type]
-  ami_type        = "AL2023_x86_64_NVIDIA"
-  capacity_type   = each.value.market_type == "capacity-block" ? "CAPACITY_BLOCK" : "ON_DEMAND"
-
-  scaling_config {
-    min_size     = each.value.min_size
-    max_size     = each.value.max_size
-    desired_size = coalesce(each.value.desired_size, each.value.min_size)
-  }
-
-  launch_template {
-    id      = aws_launch_template.pool[each.key].id
-    version = aws_launch_template.pool[each.key].latest_version
-  }
-
-  labels = merge(each.value.labels, { "cluster.ai/pool" = each.key })
-
-  dynamic "taint" {
-    for_each = each.value.taints
-    content {
-      key    = taint.value.key
-      value  = taint.value.value
-      effect = taint.value.effect
+resource "kubernetes_manifest" "node_pool" {
+  for_each = local.pools
+  manifest = {
+    apiVersion = "karpenter.sh/v1"
+    kind       = "NodePool"
+    metadata   = { name = each.key }
+    spec = {
+      template = {
+        # The pool's Ray worker pods select this label and tolerate these taints.
+        metadata = { labels = merge(each.value.labels, { "cluster.ai/pool" = each.key }) }
+        spec = {
+          nodeClassRef = { group = "karpenter.k8s.aws", kind = "EC2NodeClass", name = each.key }
+          requirements = [
+            { key = "node.kubernetes.io/instance-type", operator = "In", values = each.value.instance_types },
+            # "reserved" first: Karpenter prefers reservations (ODCR, Capacity Blocks) when listed.
+            { key = "karpenter.sh/capacity-type", operator = "In", values = each.value.capacity_types },
+          ]
+          taints = each.value.taints
+          # A GPU node with a loaded model is never recycled on a timer.
+          expireAfter = "Never"
+        }
+      }
+      # Only empty nodes go (never a running replica for bin-packing): scale to zero when the
+      # pool has no replicas, one node at a time.
+      disruption = {
+        consolidationPolicy = "WhenEmpty"
+        consolidateAfter    = each.value.consolidate_after
+        budgets             = [{ nodes = "1" }]
+      }
+      limits = { "nvidia.com/gpu" = tostring(each.value.max_nodes * each.value.gpus) }
     }
   }
+  depends_on = [kubernetes_manifest.node_class]
+}
 
-  # The Ray autoscaler and Cluster Autoscaler own the size once the group exists.
-  lifecycle {
-    ignore_changes = [scaling_config[0].desired_size]
-  }
+# The AL2023 NVIDIA AMI has the driver; pods see GPUs and EFA devices through these plugins.
+resource "helm_release" "nvidia_device_plugin" {
+  name       = "nvidia-device-plugin"
+  repository = "https://nvidia.github.io/k8s-device-plugin"
+  chart      = "nvidia-device-plugin"
+  version    = var.nvidia_device_plugin_version
+  namespace  = "kube-system"
+  values = [yamlencode({
+    tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]
+    affinity = { nodeAffinity = { requiredDuringSchedulingIgnoredDuringExecution = { nodeSelectorTerms = [
+      { matchExpressions = [{ key = "cluster.ai/pool", operator = "In", values = keys(local.pools) }] }
+    ] } } }
+  })]
+}
 
-  tags = merge(var.tags, {
-    "k8s.io/cluster-autoscaler/enabled"             = "true"
-    "k8s.io/cluster-autoscaler/${var.cluster_name}" = "owned"
-  })
+resource "helm_release" "efa_device_plugin" {
+  count      = length(local.efa_pools) > 0 ? 1 : 0
+  name       = "aws-efa-k8s-device-plugin"
+  repository = "https://aws.github.io/eks-charts"
+  chart      = "aws-efa-k8s-device-plugin"
+  version    = var.efa_device_plugin_version
+  namespace  = "kube-system"
+  values = [yamlencode({
+    tolerations = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]
+    affinity = { nodeAffinity = { requiredDuringSchedulingIgnoredDuringExecution = { nodeSelectorTerms = [
+      { matchExpressions = [{ key = "cluster.ai/pool", operator = "In", values = keys(local.efa_pools) }] }
+    ] } } }
+  })]
 }

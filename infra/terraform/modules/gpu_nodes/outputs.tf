@@ -1,6 +1,6 @@
-output "node_group_names" {
-  description = "EKS node group name per pool."
-  value       = { for name, group in aws_eks_node_group.pool : name => group.node_group_name }
+output "node_pool_names" {
+  description = "Karpenter NodePool per serving pool (nodes labelled cluster.ai/pool=<name>)."
+  value       = { for name, pool in kubernetes_manifest.node_pool : name => pool.manifest.metadata.name }
 }
 
 output "efa_security_group_id" {

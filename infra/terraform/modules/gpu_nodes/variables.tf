@@ -1,5 +1,5 @@
 variable "cluster_name" {
-  description = "EKS cluster the node groups join."
+  description = "EKS cluster the nodes join."
   type        = string
 }
 
@@ -13,8 +13,8 @@ variable "subnet_id" {
   type        = string
 }
 
-variable "node_role_arn" {
-  description = "IAM role of the nodes (from the eks module)."
+variable "node_role_name" {
+  description = "IAM role of the nodes Karpenter launches (the eks module's node role)."
   type        = string
 }
 
@@ -28,46 +28,70 @@ variable "kms_key_arn" {
   type        = string
 }
 
+variable "ami_alias" {
+  description = "EKS-optimized AMI alias of the nodes; pin a version (al2023@v20251120) in production so a new AMI is a deliberate rollout."
+  type        = string
+  default     = "al2023@latest"
+  validation {
+    condition     = can(regex("^al2023@(latest|v[0-9]{8})$", var.ami_alias))
+    error_message = "ami_alias must be al2023@latest or al2023@vYYYYMMDD."
+  }
+}
+
 variable "pools" {
   description = <<-EOT
-    GPU node groups, one per serving pool. instance_type e.g. p6-b200.48xlarge; labels and taints
-    are applied to the nodes (Ray worker pods of the pool select them); capacity_reservation_id is
-    an On-Demand Capacity Reservation or a Capacity Block (market_type = "capacity-block");
-    efa_interfaces overrides the per-type default (one EFA interface per network card).
+    One Karpenter NodePool per serving pool; name = the pool's name in the cluster YAML (its Ray
+    worker pods select cluster.ai/pool=<name> and tolerate the taints). max_nodes caps the pool
+    (as a GPU limit). capacity_types are Karpenter's: "reserved" uses the listed
+    capacity_reservation_ids (On-Demand Capacity Reservations or Capacity Blocks for ML, which
+    Karpenter drains before the block ends), "on-demand" falls back to regular capacity.
+    efa_interfaces and gpus_per_node override the per-type defaults.
   EOT
   type = list(object({
-    name                    = string
-    instance_type           = string
-    min_size                = number
-    max_size                = number
-    desired_size            = optional(number)
-    labels                  = optional(map(string), {})
-    taints                  = optional(list(object({ key = string, value = string, effect = string })), [])
-    capacity_reservation_id = optional(string)
-    market_type             = optional(string, "on-demand")
-    efa_interfaces          = optional(number)
-    root_volume_gib         = optional(number, 500)
+    name                     = string
+    instance_types           = list(string)
+    max_nodes                = number
+    capacity_types           = optional(list(string), ["on-demand"])
+    capacity_reservation_ids = optional(list(string), [])
+    labels                   = optional(map(string), {})
+    taints                   = optional(list(object({ key = string, value = string, effect = string })), [{ key = "nvidia.com/gpu", value = "true", effect = "NoSchedule" }])
+    efa_interfaces           = optional(number)
+    gpus_per_node            = optional(number)
+    root_volume_gib          = optional(number, 500)
+    consolidate_after        = optional(string, "10m")
   }))
   validation {
-    condition     = alltrue([for p in var.pools : can(regex("^[a-z][a-z0-9-]{0,30}$", p.name))])
-    error_message = "Pool names must be lowercase letters, digits and dashes."
+    condition     = alltrue([for p in var.pools : can(regex("^[a-z][a-z0-9-]{0,30}$", p.name)) && p.name != "ingress"])
+    error_message = "Pool names must be lowercase letters, digits and dashes, and not ingress (the CPU worker group)."
   }
   validation {
-    condition     = alltrue([for p in var.pools : p.min_size >= 0 && p.min_size <= p.max_size])
-    error_message = "Each pool needs 0 <= min_size <= max_size."
+    condition     = alltrue([for p in var.pools : length(p.instance_types) > 0 && p.max_nodes >= 1])
+    error_message = "Each pool needs instance types and max_nodes >= 1."
   }
   validation {
-    condition     = alltrue([for p in var.pools : contains(["on-demand", "capacity-block"], p.market_type)])
-    error_message = "market_type must be on-demand or capacity-block."
+    condition     = alltrue([for p in var.pools : length(p.capacity_types) > 0 && alltrue([for t in p.capacity_types : contains(["reserved", "on-demand", "spot"], t)])])
+    error_message = "capacity_types must be reserved, on-demand or spot."
   }
   validation {
-    condition     = alltrue([for p in var.pools : p.market_type != "capacity-block" || p.capacity_reservation_id != null])
-    error_message = "A capacity-block pool needs its capacity_reservation_id."
+    condition     = alltrue([for p in var.pools : !contains(p.capacity_types, "reserved") || length(p.capacity_reservation_ids) > 0])
+    error_message = "A pool with capacity type reserved needs capacity_reservation_ids."
   }
   validation {
-    condition     = alltrue([for p in var.pools : alltrue([for t in p.taints : contains(["NO_SCHEDULE", "NO_EXECUTE", "PREFER_NO_SCHEDULE"], t.effect)])])
-    error_message = "Taint effects must be NO_SCHEDULE, NO_EXECUTE or PREFER_NO_SCHEDULE."
+    condition     = alltrue([for p in var.pools : alltrue([for t in p.taints : contains(["NoSchedule", "NoExecute", "PreferNoSchedule"], t.effect)])])
+    error_message = "Taint effects must be NoSchedule, NoExecute or PreferNoSchedule."
   }
+}
+
+variable "nvidia_device_plugin_version" {
+  description = "NVIDIA device plugin Helm chart version (exposes nvidia.com/gpu)."
+  type        = string
+  default     = "0.17.1"
+}
+
+variable "efa_device_plugin_version" {
+  description = "AWS EFA device plugin Helm chart version (exposes vpc.amazonaws.com/efa)."
+  type        = string
+  default     = "v0.5.6"
 }
 
 variable "tags" {

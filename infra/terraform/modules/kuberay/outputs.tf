@@ -5,5 +5,10 @@ output "namespace" {
 
 output "rayservice_name" {
   description = "Name of the RayService."
-  value       = yamldecode(var.rayservice_yaml).metadata.name
+  value       = local.rayservice.metadata.name
+}
+
+output "ingress_service" {
+  description = "Service in front of the Serve ingress pods (the ALB's backend)."
+  value       = "${local.rayservice.metadata.name}-ingress"
 }

@@ -1,7 +1,7 @@
 variable "operator_version" {
-  description = "KubeRay operator Helm chart version."
+  description = "KubeRay operator Helm chart version; infra/kuberay holds the RayService schema of this version, which the render is tested against."
   type        = string
-  default     = "1.4.2"
+  default     = "1.7.0"
 }
 
 variable "namespace" {
@@ -16,11 +16,21 @@ variable "service_account" {
   default     = "ray-weights-reader"
 }
 
-variable "rayservice_yaml" {
-  description = "RayService manifest produced by `cluster render kuberay FILE` from the same cluster YAML that runs locally."
+variable "manifests_yaml" {
+  description = "Output of `cluster render kuberay FILE`: the RayService (first document) and its Service, PodDisruptionBudgets and NetworkPolicies, from the same cluster YAML that runs locally."
   type        = string
   validation {
-    condition     = can(yamldecode(var.rayservice_yaml).kind) && yamldecode(var.rayservice_yaml).kind == "RayService"
-    error_message = "rayservice_yaml must be a RayService manifest (cluster render kuberay FILE)."
+    condition     = can(yamldecode(split("\n---\n", var.manifests_yaml)[0]).kind) && yamldecode(split("\n---\n", var.manifests_yaml)[0]).kind == "RayService"
+    error_message = "manifests_yaml must start with a RayService (cluster render kuberay FILE)."
   }
+}
+
+variable "gcs_redis_endpoint" {
+  description = "Primary endpoint host of the GCS Redis (gcs_redis module); replaces GCS_REDIS_ENDPOINT in the render."
+  type        = string
+}
+
+variable "gcs_redis_auth_secret_arn" {
+  description = "Secrets Manager secret with the GCS Redis AUTH token (gcs_redis module)."
+  type        = string
 }

@@ -51,8 +51,11 @@ class ServeProcess:
         *,
         base_dir: Path | None = None,
         start_timeout_s: float = 600,
+        env: dict[str, str] | None = None,
     ):
-        """`base_dir`: the directory relative paths in `config_data` are relative to."""
+        """`base_dir`: the directory relative paths in `config_data` are relative to; `env`:
+        variables added to the child's environment."""
+        self.env = {**os.environ, **(env or {})}
         if base_dir is not None:
             config_data = with_absolute_paths(config_data, base_dir)
         self.config = {**config_data, "server": {**config_data.get("server", {})}}
@@ -79,6 +82,7 @@ class ServeProcess:
             # include the caller (a benchmark between two configurations, a test session).
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cluster", "serve", str(self.config_path)],
+                env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -400,3 +400,44 @@ def test_table_summary_plots_and_readme(tmp_path):
     assert "old" not in text and text.startswith("intro\n") and text.endswith("rest\n")
     assert "| eagle3.1/none | code-long-1024 |" in text and "Method: 3 repetitions" in text
     json.dumps(doc)
+
+
+def test_a_frozen_server_session_makes_no_progress_until_thawed(tmp_path):
+    """Idle servers are frozen between their turns: every process of the session, children
+    included, stops; thawing resumes them where they were."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cluster.bench.servers import Frozen
+    from cluster.launcher import session_processes, signal_session
+
+    ticks = tmp_path / "ticks"
+    child = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(1)'])\n"
+        f"while True:\n    open({str(ticks)!r}, 'a').write('.'); time.sleep(0.05)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(session_processes(process.pid)) < 2 or not ticks.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        frozen = Frozen(process)
+        frozen.freeze()
+        time.sleep(0.3)
+        states = [Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for p in session_processes(process.pid)]  # fmt: skip
+        assert set(states) == {"T"}, states
+        count = len(ticks.read_text())
+        time.sleep(0.5)
+        assert len(ticks.read_text()) == count
+        frozen.thaw()
+        time.sleep(0.5)
+        assert len(ticks.read_text()) > count
+        frozen.freeze()  # stopping a frozen server still works: it is thawed first
+    finally:
+        signal_session(process.pid, signal.SIGKILL)
+        process.wait()

@@ -43,8 +43,24 @@ LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
         "without `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`",
         {"ray": {"serve_throughput_optimized": False}},
     ),
+    "haproxy": ("Serve's HAProxy proxy (`RAY_SERVE_ENABLE_HA_PROXY=1`)", {}),
+    "direct-streaming": (
+        "Ray Serve LLM's direct streaming (`RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1`, alpha)",
+        {},
+    ),
+    "nice0": (
+        "Ray workers (engine, proxy, ingress) at nice 0 like Ray's daemons "
+        "(`RAY_worker_niceness=0`; Ray's default 15 lets its daemons preempt the engine)",
+        {},
+    ),
 }
-"""`none:<lever>`: one serving lever of `none` changed (description, YAML overrides)."""
+"""`none:<lever>`: one serving lever of `none` changed (description, YAML overrides); levers
+that are environment variables are in `LEVER_ENVIRONMENT`."""
+LEVER_ENVIRONMENT = {
+    "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
+    "direct-streaming": {"RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"},
+    "nice0": {"RAY_worker_niceness": "0"},
+}
 
 BASELINES = {
     "vllm-serve": "vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), "
@@ -209,7 +225,12 @@ def configurations(
             description, overrides = LEVERS[lever]
             data = single_pool(preset, None, overrides.get("pool"))
             data = _merge(data, {k: v for k, v in overrides.items() if k != "pool"})
-            chosen.append(BenchConfig(name, "cluster", f"`none` with {description}", data))
+            chosen.append(
+                BenchConfig(
+                    name, "cluster", f"`none` with {description}", data,
+                    environment=LEVER_ENVIRONMENT.get(lever, {}),
+                )
+            )  # fmt: skip
         elif base == "none":
             chosen.append(
                 BenchConfig(name, "cluster", "our cluster, one pool, no speculation", plain)

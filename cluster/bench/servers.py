@@ -141,7 +141,7 @@ def start(config, preset_dir: Path):
     if config.kind == "cluster":
         data = dict(config.config_data)
         data["server"] = {k: v for k, v in data.get("server", {}).items() if k != "port"}
-        return ServeProcess(data, base_dir=preset_dir)
+        return ServeProcess(data, base_dir=preset_dir, env=config.environment)
     cluster = parse_config(config.config_data, "bench", preset_dir)
     llm_config = pool_llm_config_dict(cluster, cluster.pools[0])
     if config.kind == "vllm-serve":

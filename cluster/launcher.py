@@ -119,6 +119,20 @@ def session_processes(session_id: int) -> list[int]:
     return pids
 
 
+def session_cpu_seconds(session_id: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by a session's live processes, by process
+    name: vLLM's engine processes are named `VLLM::...`, Ray's workers `ray::...`."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for pid in session_processes(session_id):
+        with contextlib.suppress(OSError, IndexError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            name = stat.split("(", 1)[1].rsplit(")", 1)[0]
+            fields = stat.rsplit(")", 1)[1].split()
+            used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
 def signal_session(session_id: int, sig: signal.Signals) -> int:
     """Send `sig` to every process of a session; how many got it."""
     sent = 0

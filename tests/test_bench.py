@@ -191,6 +191,8 @@ def test_plan_cells_waves_and_seeded_order():
         f"code-long-{n}@c{c}" for n in (1024, 2048) for c in (1, 4, 16)
     ]
     assert [c.requests for c in plan.cells()][:3] == [2, 8, 32]  # two full waves
+    capped = replace(plan, max_context_in_flight=16384).cells()
+    assert [c.name for c in capped][-1] == "code-long-2048@c4" and len(capped) == 5
     assert plan.repeats >= 5 and plan.repetitions == plan.repeats + 1 and not plan.ignore_eos
     names = ["vllm-serve", "none", "eagle3.1", "ngram"]
     orders = [plan.order(r, names) for r in range(6)]
@@ -441,3 +443,18 @@ def test_a_frozen_server_session_makes_no_progress_until_thawed(tmp_path):
     finally:
         signal_session(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def test_cpu_of_a_cell_is_split_into_engine_and_serving_path():
+    from cluster.bench.runner import cpu_split
+    from cluster.launcher import session_cpu_seconds
+
+    before = {"VLLM::EngineCor": 10.0, "VLLM::Worker": 100.0, "ray::ProxyActor": 5.0, "raylet": 1.0}
+    after = {"VLLM::EngineCor": 12.0, "VLLM::Worker": 130.0, "ray::ProxyActor": 7.5, "raylet": 1.5,
+             "ray::IDLE": 0.5}  # fmt: skip
+    assert cpu_split(before, after) == {"engine": 32.0, "serving": 3.5}
+    import os
+
+    mine = session_cpu_seconds(os.getsid(0))
+    assert mine and all(v >= 0 for v in mine.values())
+    assert sum(mine.values()) > 0  # this test process has used CPU

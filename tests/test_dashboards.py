@@ -51,9 +51,11 @@ def queried_metrics(dashboard: dict) -> set[str]:
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             expr = re.sub(r'"[^"]*"', '""', target["expr"])  # label values and regexes
+            # Label lists of aggregations and vector matching name labels, not metrics.
+            expr = re.sub(
+                r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr
+            )
             metrics = set(re.findall(r"\b([a-zA-Z_:][\w:]*)\s*(?=[{\[)])", expr))
-            metrics -= {"by", "on", "group_left", "rate", "sum", "max", "label_replace"}
-            metrics -= {"histogram_quantile", "without", "ignoring", "group_right"}
             assert metrics, f"{panel['title']}: no metric in {target['expr']}"
             found |= metrics
     return found

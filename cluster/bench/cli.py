@@ -36,6 +36,7 @@ def _plan(args: argparse.Namespace):
         "waves": args.waves,
         "seed": args.seed,
         "ignore_eos": args.ignore_eos or None,
+        "max_context_in_flight": args.max_context_in_flight,
     }
     return Plan(**{k: v for k, v in chosen.items() if v is not None})
 
@@ -124,6 +125,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     records = [r for r in result["records"] if r["workload"] == args.workload]
     rates: dict[int, dict[int, float]] = {}
     for name in stats.configs_of(records):
+        if name != "none" and not name.startswith("eagle3.1-k"):
+            continue  # not a fixed depth (e.g. a dynamic schedule run beside the sweep)
         depth = 0 if name == "none" else int(name.removeprefix("eagle3.1-k"))
         for cell, _, concurrency in stats.cells_of(records):
             spread = stats.cell_stats(records, name, cell)["per_user_tok_s"]
@@ -173,6 +176,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--ignore-eos", action="store_true",
         help="force every response to --output-tokens (text past the answer; off by default)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--max-context-in-flight", type=int,
+        help="skip cells where concurrency x context tokens exceed this (default 0: none)",
     )  # fmt: skip
     bench.add_argument("-k", type=int, default=3, help="draft depth of speculative configs")
     bench.add_argument(

@@ -164,6 +164,8 @@ def markdown(result: dict[str, Any], summary_doc: dict[str, Any]) -> str:
         ("ttft_p50_s", "TTFT p50 (s)", 3),
         ("ttft_p90_s", "TTFT p90 (s)", 3),
         ("aggregate_tok_s", "Aggregate output tok/s", 1),
+        ("engine_cpu_ms_per_token", "Engine CPU ms per output token (vLLM's processes)", 1),
+        ("serving_cpu_ms_per_token", "Serving-path CPU ms per output token (everything else)", 1),
     ):
         names = list(cells)
         cell_names = list(next(iter(cells.values()), {}))
@@ -248,8 +250,11 @@ def plots(summary_doc: dict[str, Any], out_dir: Path) -> list[Path]:
         written.append(_save(fig, out_dir / "per_user_tok_s.png"))
     rows = summary_doc["ablation"]
     if rows:
-        labels = sorted({f"{r['workload']}@c{r['concurrency']}" for r in rows})
-        configs = sorted({r["config"] for r in rows})
+        cells = sorted({(r["workload"], r["concurrency"]) for r in rows})
+        labels = [f"{workload}@c{c}" for workload, c in cells]
+        layers = ("inprocess", "rayllm", "none")  # request path order, then levers and the rest
+        present = {r["config"] for r in rows}
+        configs = [c for c in layers if c in present] + sorted(present - set(layers))
         fig, axis = plt.subplots(figsize=(max(6, 1.2 * len(configs) * len(labels) / 2), 4))
         width = 0.8 / len(labels)
         for i, label in enumerate(labels):

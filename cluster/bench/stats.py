@@ -15,7 +15,15 @@ from typing import Any
 
 from cluster.bench.metrics import percentile
 
-METRICS = ("per_user_tok_s", "per_user_e2e_tok_s", "ttft_p50_s", "ttft_p90_s", "aggregate_tok_s")
+METRICS = (
+    "per_user_tok_s",
+    "per_user_e2e_tok_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "aggregate_tok_s",
+    "engine_cpu_ms_per_token",
+    "serving_cpu_ms_per_token",
+)
 RATIO_METRICS = ("per_user_tok_s", "aggregate_tok_s")
 RATIO_PAIRS = (
     ("none", "vllm-serve"),
@@ -42,8 +50,14 @@ def spread(values: Iterable[float]) -> dict[str, float] | None:
 
 
 def measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records that count: not warm-up."""
-    return [r for r in records if not r["warmup"]]
+    """The records that count: not warm-up, and of complete repetitions only (a run stopped
+    mid-repetition measured some configurations once more than others)."""
+    visited: dict[int, set[tuple[str, str]]] = {}
+    for record in records:
+        visited.setdefault(record["repetition"], set()).add((record["config"], record["cell"]))
+    everything = set().union(*visited.values()) if visited else set()
+    complete = {rep for rep, seen in visited.items() if seen == everything}
+    return [r for r in records if not r["warmup"] and r["repetition"] in complete]
 
 
 def by_repetition(records: list[dict[str, Any]], config: str, cell: str) -> dict[int, dict]:
@@ -55,7 +69,7 @@ def by_repetition(records: list[dict[str, Any]], config: str, cell: str) -> dict
 def cell_stats(records: list[dict[str, Any]], config: str, cell: str) -> dict[str, Any]:
     """Every metric of one configuration in one cell over the measured repetitions."""
     reps = by_repetition(records, config, cell)
-    return {metric: spread(r[metric] for r in reps.values()) for metric in METRICS}
+    return {metric: spread(r.get(metric) for r in reps.values()) for metric in METRICS}
 
 
 def paired(

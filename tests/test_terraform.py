@@ -157,7 +157,7 @@ def test_gpu_node_pools_scale_to_zero_and_match_worker_group_tolerations():
     for group in documents[0]["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         if group["groupName"] != INGRESS_GROUP:
             assert group["template"]["spec"]["tolerations"] == [toleration]
-    assert '{ key = "nvidia.com/gpu", value = "true", effect = "NoSchedule" }' in taints
+    assert '[{key = "nvidia.com/gpu", value = "true", effect = "NoSchedule"}]' in taints
     main = (TF / "modules" / "gpu_nodes" / "main.tf").read_text()
     # Capacity reservations (ODCR or Capacity Blocks) are selected by id per pool.
     assert assigns(
@@ -230,7 +230,7 @@ def test_observability_matches_what_the_ray_head_expects():
         for v in parse(TF / "modules/observability/variables.tf")["variable"]
     }
     assert variables["namespace"]["default"] == kuberay.MONITORING_NAMESPACE
-    assert variables["amp_enabled"]["type"] == "${bool}"
+    assert variables["amp_enabled"]["type"] == "bool"
     resources = blocks(TF / "modules" / "observability", "resource")
     assert resources["aws_prometheus_workspace.this"]["kms_key_arn"] == "${var.kms_key_arn}"
     assert resources["kubernetes_config_map_v1.dashboards"]["metadata"][0]["labels"] == {
@@ -291,7 +291,7 @@ def test_every_node_requires_imdsv2_and_encrypts_volumes():
         f"{module.name}/{key}": manifest
         for module in MODULES
         for key, manifest in _manifests(module).items()
-        if manifest.get("kind") == "EC2NodeClass"
+        if isinstance(manifest, dict) and manifest.get("kind") == "EC2NodeClass"
     }
     assert len(node_classes) == 2  # ingress (karpenter) and one per GPU pool (gpu_nodes)
     for key in node_classes:

@@ -69,7 +69,7 @@ resource "aws_elasticache_replication_group" "this" {
   at_rest_encryption_enabled = true
   kms_key_id                 = var.kms_key_arn
   auth_token                 = random_password.auth.result
-  auth_token_update_strategy = "ROTATE"
+  auth_token_update_strategy = var.auth_token_update_strategy
   auto_minor_version_upgrade = true
   snapshot_retention_limit   = var.snapshot_retention_days
   apply_immediately          = false

@@ -49,6 +49,16 @@ variable "replicas" {
   }
 }
 
+variable "auth_token_update_strategy" {
+  description = "How a new AUTH token is applied: ROTATE keeps the old one valid too (while pods still hold it), SET then drops it."
+  type        = string
+  default     = "ROTATE"
+  validation {
+    condition     = contains(["ROTATE", "SET"], var.auth_token_update_strategy)
+    error_message = "auth_token_update_strategy must be ROTATE or SET."
+  }
+}
+
 variable "snapshot_retention_days" {
   description = "Daily snapshots kept."
   type        = number

@@ -119,8 +119,8 @@ data "aws_iam_policy_document" "controller" {
     }
   }
   statement {
-    sid     = "CreateTaggedResources"
-    actions = ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"]
+    sid       = "CreateTaggedResources"
+    actions   = ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"]
     resources = local.launched
     condition {
       test     = "StringEquals"
@@ -139,8 +139,8 @@ data "aws_iam_policy_document" "controller" {
     }
   }
   statement {
-    sid     = "TagOnCreate"
-    actions = ["ec2:CreateTags"]
+    sid       = "TagOnCreate"
+    actions   = ["ec2:CreateTags"]
     resources = local.launched
     condition {
       test     = "StringEquals"

@@ -13,7 +13,7 @@ locals {
   prometheus_fullname = "kps"
   dashboards          = fileset(var.dashboards_dir, "*.json")
   ray_scrape = {
-    job_name = "ray"
+    job_name              = "ray"
     kubernetes_sd_configs = [{ role = "pod", namespaces = { names = [var.ray_namespace] } }]
     relabel_configs = [
       { source_labels = ["__meta_kubernetes_pod_label_ray_io_is_ray_node"], regex = "yes", action = "keep" },

@@ -47,6 +47,9 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
     # Serve reads it at import, in this process and in every Serve process Ray starts from it.
     if config.ray.serve_throughput_optimized and not address:
         os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+        # The bundle buffers 1000 request-path log records per replica; routing decisions must
+        # reach the logs as they are made (operators tail them), so write them through.
+        os.environ.setdefault("RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE", "1")
     import ray
     from ray import serve
 

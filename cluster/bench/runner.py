@@ -214,6 +214,7 @@ def run(
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     path = out_dir / RESULT_FILE
     prompts = build_prompts(plan, AutoTokenizer.from_pretrained(tokenizer), out_dir)
+    write_atomically(path, result)  # resumable from the start, even if stopped in its first cell
     done = {(r["repetition"], r["config"], r["cell"]) for r in result["records"]}
     runnable = [c for c in configs if c.skip_reason is None]
     cells = plan.cells()

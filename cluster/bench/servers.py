@@ -96,8 +96,7 @@ class _ChildServer:
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            signal_session(self.process.pid, signal.SIGCONT)  # a frozen server cannot exit
-            os.killpg(self.process.pid, signal.SIGINT)
+            os.killpg(self.process.pid, signal.SIGINT)  # delivered once the wait below thaws it
             wait_or_kill_group(self.process, 60)
 
     def __exit__(self, *exc: object) -> None:

@@ -9,6 +9,7 @@ with the Ray autoscaler on, so Serve autoscaling becomes pods and pending pods b
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ def _worker_group(
             "name": "ray-worker",
             "image": image,
             "resources": {"limits": limits, "requests": limits},
-            "env": [{"name": "CLUSTER_CACHE", "value": MODEL_CACHE}],
+            "env": [{"name": "CLUSTER_CACHE", "value": MODEL_CACHE}, *api_keys_env(config)],
             "volumeMounts": [
                 {"name": "model-cache", "mountPath": MODEL_CACHE},
                 {"name": "dshm", "mountPath": "/dev/shm"},
@@ -56,6 +57,7 @@ def _worker_group(
         }
     ]
     pod["serviceAccountName"] = service_account
+    pod["terminationGracePeriodSeconds"] = termination_grace_s(pool)
     pod["volumes"] = [
         {
             "name": "model-cache",
@@ -147,6 +149,22 @@ def rayservice(
             },
         },
     }
+
+
+def api_keys_env(config: ClusterConfig) -> list[dict[str, Any]]:
+    """The ingress may run on any worker: each pod gets the API keys (hashes) from the secret
+    `cluster-api-keys` (key `keys.json`) as `server.auth.keys_env`, when auth is required."""
+    auth = config.server.auth
+    if not auth.required or not auth.keys_env:
+        return []
+    secret = {"name": "cluster-api-keys", "key": "keys.json"}
+    return [{"name": auth.keys_env, "valueFrom": {"secretKeyRef": secret}}]
+
+
+def termination_grace_s(pool: PoolConfig) -> int:
+    """Pod termination grace that covers the pool's Serve drain (`graceful_shutdown_timeout_s`)
+    plus time for Ray to stop after it."""
+    return math.ceil(pool.graceful_shutdown_timeout_s) + 30
 
 
 def serve_args_config(config: ClusterConfig) -> dict[str, Any]:

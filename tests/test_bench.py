@@ -400,3 +400,14 @@ def test_table_summary_plots_and_readme(tmp_path):
     assert "old" not in text and text.startswith("intro\n") and text.endswith("rest\n")
     assert "| eagle3.1/none | code-long-1024 |" in text and "Method: 3 repetitions" in text
     json.dumps(doc)
+
+
+def test_engine_stats_carry_spec_counters_and_read_back():
+    from cluster.autoscale.signals import EngineStats
+
+    stats = EngineStats(running=2, generation_tokens=50)
+    stats.speculation += SpecCounters(4, 12, 6, (4, 2))
+    stats.speculation += SpecCounters(1, 3, 1, (1, 0, 0))
+    metrics = stats.as_metrics()
+    assert SpecCounters.from_engine_metrics(metrics) == SpecCounters(5, 15, 7, (5, 2, 0))
+    assert metrics["mean_acceptance_length"] == 1 + 7 / 5 and metrics["running"] == 2.0

@@ -369,3 +369,15 @@ def test_terraform_validate(env, tmp_path):
         [TERRAFORM, f"-chdir={env}", "validate"], capture_output=True, text=True, env=data
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_worker_pods_outlast_the_serve_drain_and_get_the_api_keys():
+    config = load_config(ROOT / "configs" / "kimi-k2.6-nvfp4-p6-b200.yaml")
+    manifest = rayservice(config, image="x")
+    for group, pool in zip(
+        manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"], config.pools, strict=True
+    ):
+        pod = group["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] > pool.graceful_shutdown_timeout_s
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["CLUSTER_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "cluster-api-keys"

@@ -50,7 +50,11 @@ class EngineStatsLogger(AggregateStatLoggerBase):
 
 
 class StatsVLLMEngine(VLLMEngine):
-    """Ray Serve LLM's vLLM engine with an `EngineStatsLogger` attached to the AsyncLLM."""
+    """Ray Serve LLM's vLLM engine with an `EngineStatsLogger` attached to the AsyncLLM.
+
+    The one adapter over private Ray Serve LLM API (`VLLMEngine._start_async_llm_engine`,
+    `LLMServer._default_engine_cls`): vLLM's stat loggers are reachable no other way.
+    `tests/test_ray_private.py` fails when Ray changes either."""
 
     stats_logger: EngineStatsLogger | None = None
 

@@ -89,6 +89,19 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reliability(args: argparse.Namespace) -> int:
+    from cluster.reliability import main as reliability_main
+
+    return reliability_main(args)
+
+
+def _cmd_keys_hash(args: argparse.Namespace) -> int:
+    from cluster.request.auth import hash_key
+
+    print(hash_key(sys.stdin.readline().strip()))
+    return 0
+
+
 def _transfer_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint-url", help="S3-compatible endpoint (default: AWS, or $AWS_ENDPOINT_URL_S3)"
@@ -197,6 +210,27 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("local_dir", metavar="LOCAL_DIR")
     _transfer_args(pull)
     pull.set_defaults(func=_cmd_pull)
+
+    reliability = commands.add_parser(
+        "reliability",
+        help="kill replicas, overload, send bad input and bad keys to a live cluster; "
+        "write benchmarks/results/reliability.json (exit 1 if a target is missed)",
+    )
+    _config_arg(reliability, required=True)
+    reliability.add_argument("--out", default="benchmarks/results/reliability.json")
+    reliability.add_argument(
+        "--capacity", type=int, default=4, help="requests per replica admitted (no queue)"
+    )
+    reliability.add_argument("--kills", type=int, default=3, help="replica SIGKILLs under load")
+    reliability.add_argument("--concurrency", type=int, default=8, help="closed-loop streams")
+    reliability.set_defaults(func=_cmd_reliability)
+
+    keys = commands.add_parser("keys", help="API keys")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    hash_cmd = keys_commands.add_parser(
+        "hash", help="print the SHA-256 of a key read from stdin (what server.auth.keys holds)"
+    )
+    hash_cmd.set_defaults(func=_cmd_keys_hash)
 
     from cluster.drafters.cli import add_commands as add_drafter_commands
 

@@ -16,8 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-EMBEDDED_SOURCE_PREFIX = "embedded:"
-"""Prefix of a model shipped inside a Python package and prepared by `cluster models prepare`."""
+from cluster.models import EMBEDDED_SOURCE_PREFIX, local_model_path
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "embedded.yaml"
 
@@ -69,6 +68,10 @@ class TargetConfig(_Strict):
     trust_remote_code: bool = False
     """Let vLLM/transformers run model code shipped with the checkpoint (Kimi needs it)."""
 
+    content_part_types: list[str] = Field(default_factory=lambda: ["text"])
+    """Chat content part types the ingress accepts (`text`; add `image_url`, `input_audio`
+    for a multimodal target). Any other part is refused with a 400 naming it."""
+
     @property
     def accelerators_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
@@ -87,6 +90,11 @@ class SpeculationConfig(_Strict):
 
     drafter: str | None = None
     """Drafter checkpoint (local path, relative to the config file, or `s3://`); `eagle3` only."""
+
+    trust_drafter_code: bool = False
+    """Accept a drafter pulled from S3 that carries Python code (`auto_map`, `*.py`) or files
+    other than safetensors/config/tokenizer. Off: such a drafter is refused before vLLM loads
+    it. Turn on only for a source you control."""
 
     num_speculative_tokens: int | None = Field(default=None, ge=1, le=16)
     """Tokens drafted per step (draft depth), 1..16; required unless `method` is `none`."""
@@ -225,7 +233,27 @@ class PoolConfig(_Strict):
     replica actor adds one more."""
 
     max_ongoing_requests: int = Field(default=64, ge=1)
-    """Requests Serve lets into one replica at once (beyond that they queue in Serve)."""
+    """Requests one replica serves at once. The ingress admits at most this many per running
+    replica into the pool; more wait in the pool's queue (`max_queued_requests`)."""
+
+    max_queued_requests: int = Field(default=64, ge=0)
+    """Requests the ingress holds for this pool once its replicas are full (also Serve's
+    `max_queued_requests` of the deployment, the bound for other callers). Beyond it: 429 with
+    `Retry-After`."""
+
+    queue_timeout_s: float = Field(default=30, gt=0)
+    """Longest a request waits for a free slot, or for a first replica when the pool is at
+    zero, before a 503 with `Retry-After`."""
+
+    graceful_shutdown_timeout_s: float = Field(default=120, ge=0)
+    """Drain: how long a replica being removed (scale-down, redeploy) lets its in-flight
+    requests finish before it is killed (Serve's setting of the same name). In the KubeRay
+    render each Ray pod's preStop drains its node and waits this long, and its
+    `terminationGracePeriodSeconds` adds a margin, so a node drain does not cut off a stream
+    that finishes within this time."""
+
+    graceful_shutdown_wait_loop_s: float = Field(default=2, gt=0)
+    """Drain: how often a draining replica checks whether its requests are done."""
 
     stream_batching_interval_ms: float = Field(default=50, ge=0)
     """Ray Serve LLM coalesces a stream's chunks over this many milliseconds before sending
@@ -289,6 +317,37 @@ class RayConfig(_Strict):
     buffered request logs, GC frozen after start). With `--address`, set it on the cluster."""
 
 
+class ApiKey(_Strict):
+    """One API key, stored as its SHA-256 (`cluster keys hash` prints it); never the key."""
+
+    name: str = Field(min_length=1)
+    """Who holds the key; logged instead of the key."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """Hex SHA-256 of the key."""
+
+    scopes: list[Literal["inference", "admin"]] = Field(min_length=1)
+    """`inference`: the OpenAI API; `admin`: the operator endpoints under `/cluster/`."""
+
+
+class AuthConfig(_Strict):
+    """API keys. Clients send `Authorization: Bearer <key>`."""
+
+    required: bool = True
+    """Refuse requests without a valid key. Off is allowed only on a loopback host (the
+    embedded preset); the server says so at start."""
+
+    keys: list[ApiKey] = Field(default_factory=list)
+    """Keys listed in the config itself."""
+
+    keys_env: str | None = "CLUSTER_API_KEYS"
+    """Environment variable (of the ingress process) holding more keys, as a JSON list of
+    `{name, sha256, scopes}`; unset or empty adds none."""
+
+    keys_file: str | None = None
+    """File (e.g. a mounted Kubernetes secret) with more keys in the same JSON form."""
+
+
 class ServerConfig(_Strict):
     """The HTTP endpoint."""
 
@@ -301,6 +360,33 @@ class ServerConfig(_Strict):
     app_name: str = "cluster"
     """Ray Serve application name."""
 
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    """API keys and scopes."""
+
+    cors_allow_origins: list[str] = Field(default_factory=list)
+    """Browser origins allowed to call the API; empty (the default) sends no CORS headers."""
+
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body; bigger ones get a 413."""
+
+    max_json_depth: int = Field(default=32, ge=2)
+    """Deepest JSON nesting accepted in a body (arrays and objects)."""
+
+    retry_after_s: int = Field(default=2, ge=1)
+    """`Retry-After` seconds sent with 429 and 503 answers."""
+
+    max_attempts: int = Field(default=3, ge=1, le=5)
+    """Tries per request before its first token: the chosen pool, then the target's other
+    pool, then the chosen pool again (a replica that failed is replaced meanwhile)."""
+
+    @model_validator(mode="after")
+    def _open_only_on_loopback(self) -> ServerConfig:
+        if not self.auth.required and self.host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(
+                f"auth.required: false is only allowed on a loopback host (host is {self.host})"
+            )
+        return self
+
 
 class KubernetesConfig(_Strict):
     """How `cluster render kuberay` lays the application out on Kubernetes (unused locally)."""
@@ -308,12 +394,6 @@ class KubernetesConfig(_Strict):
     ingress_replicas: int = Field(default=2, ge=2)
     """Replicas of the ingress deployment, one per pod of the CPU worker group, spread over
     zones: the API survives losing a pod, a node or a zone."""
-
-    graceful_shutdown_timeout_s: float = Field(default=120, gt=0)
-    """How long a stopping replica may finish its in-flight requests (Serve's
-    `graceful_shutdown_timeout_s`, set on every deployment). Each Ray pod's preStop drains its
-    node and waits this long, and its `terminationGracePeriodSeconds` adds a margin, so a node
-    drain does not cut off a stream that finishes within this time."""
 
 
 class ClusterConfig(_Strict):
@@ -368,9 +448,6 @@ class ClusterConfig(_Strict):
 
     def target(self, target_id: str) -> TargetConfig:
         return next(t for t in self.targets if t.id == target_id)
-
-    def pools_of(self, target_id: str) -> list[PoolConfig]:
-        return [p for p in self.pools if p.target == target_id]
 
     def resolve_path(self, location: str) -> str:
         """A local path relative to the config file becomes absolute; URIs stay as they are."""
@@ -472,7 +549,6 @@ def drafter_problems(config: ClusterConfig) -> list[str]:
     broken drafter is refused before anything is deployed. S3 drafters are validated by the
     pool replica after it pulls them."""
     from cluster.drafters import spec
-    from cluster.models import local_model_path
 
     problems = []
     for i, pool in enumerate(config.pools):

@@ -15,6 +15,7 @@ take the Serve application down.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,10 @@ PROMETHEUS_HOST = f"http://kps-prometheus.{MONITORING_NAMESPACE}.svc:9090"
 GRAFANA_HOST = f"http://grafana.{MONITORING_NAMESPACE}.svc"
 GRAFANA_IFRAME_HOST = "http://localhost:3000"
 KUBERAY_NAMESPACE = "kuberay-system"
-# Serve's default `graceful_shutdown_wait_loop_s`; kept explicit so the pod's budget adds up.
-GRACEFUL_WAIT_LOOP_S = 2
 TERMINATION_MARGIN_S = 30  # SIGTERM to SIGKILL after the drain: Ray's own shutdown
 SERVICE_LABEL = "cluster.ai/rayservice"
+API_KEYS_SECRET, API_KEYS_SECRET_KEY = "cluster-api-keys", "keys.json"
+API_KEYS_DIR = "/etc/cluster/api-keys"
 # checkov Kubernetes checks that do not fit Ray pods, with the reason next to each.
 CHECKOV_SKIPS = {
     "CKV_K8S_8": "KubeRay injects the liveness probe of every Ray container",
@@ -91,16 +92,18 @@ POD_SECURITY_CONTEXT = {
 CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
-def drain_seconds(config: ClusterConfig) -> int:
-    """What a pod's preStop waits: Serve's graceful shutdown of its replicas."""
-    return int(config.kubernetes.graceful_shutdown_timeout_s) + GRACEFUL_WAIT_LOOP_S
+def drain_seconds(*pools: PoolConfig) -> int:
+    """What a pod's preStop waits: Serve's graceful shutdown of the replicas it may hold (one
+    pool's on a GPU worker, any pool's streams through the ingress)."""
+    return max(
+        math.ceil(p.graceful_shutdown_timeout_s + p.graceful_shutdown_wait_loop_s) for p in pools
+    )
 
 
-def _pre_stop(config: ClusterConfig) -> dict[str, Any]:
+def _pre_stop(seconds: int) -> dict[str, Any]:
     """Tell Ray the node is going away, then give Serve the time it was promised: it starts
     replacements elsewhere, the node's proxy fails its health checks (the load balancer stops
     sending), and replicas finish in-flight streams before SIGTERM reaches Ray."""
-    seconds = drain_seconds(config)
     drain = (
         "ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION "
         f"--reason-message 'pod terminating' --deadline-remaining-seconds {seconds}"
@@ -109,7 +112,7 @@ def _pre_stop(config: ClusterConfig) -> dict[str, Any]:
 
 
 def _worker_pod(
-    config: ClusterConfig,
+    drain_s: int,
     name: str,
     image: str,
     service_account: str,
@@ -123,7 +126,7 @@ def _worker_pod(
             "securityContext": POD_SECURITY_CONTEXT,
             # Workers never call the Kubernetes API; Pod Identity mounts its own token.
             "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": drain_seconds(config) + TERMINATION_MARGIN_S,
+            "terminationGracePeriodSeconds": drain_s + TERMINATION_MARGIN_S,
             "containers": [
                 {
                     "name": "ray-worker",
@@ -131,7 +134,7 @@ def _worker_pod(
                     "imagePullPolicy": "IfNotPresent",
                     "resources": {"limits": limits, "requests": limits},
                     "securityContext": CONTAINER_SECURITY_CONTEXT,
-                    "lifecycle": _pre_stop(config),
+                    "lifecycle": _pre_stop(drain_s),
                     **(container or {}),
                 }
             ],
@@ -160,7 +163,7 @@ def _worker_group(
         if efa:
             limits["vpc.amazonaws.com/efa"] = efa
     pod = _worker_pod(
-        config,
+        drain_seconds(pool),
         name,
         image,
         service_account,
@@ -199,13 +202,17 @@ def _worker_group(
 def _ingress_group(config: ClusterConfig, name: str, image: str, service_account: str) -> dict:
     replicas = config.kubernetes.ingress_replicas
     pod = _worker_pod(
-        config,
+        drain_seconds(*config.pools),
         name,
         image,
         service_account,
         {"cpu": "4", "memory": "16Gi"},  # the proxy, one ingress replica and its tokenizers
         {"ports": [{"containerPort": SERVE_PORT, "name": "serve"}]},
     )
+    keys = api_keys_mount(config)
+    if keys:
+        pod["spec"]["containers"][0]["volumeMounts"] = keys["volumeMounts"]
+        pod["spec"]["volumes"] = keys["volumes"]
     pod["spec"]["nodeSelector"] = {"cluster.ai/role": "ingress"}
     selector = {"matchLabels": _labels(name, INGRESS_GROUP)}
     pod["spec"]["topologySpreadConstraints"] = [
@@ -276,20 +283,15 @@ def _head(config: ClusterConfig, name: str, image: str, service_account: str) ->
 
 
 def _serve_config(config: ClusterConfig) -> dict[str, Any]:
-    from cluster.deployments.app import INGRESS_DEPLOYMENT, ingress_options, pool_deployment_name
+    from cluster.deployments.app import INGRESS_DEPLOYMENT, ingress_options
 
-    graceful = {
-        "graceful_shutdown_timeout_s": config.kubernetes.graceful_shutdown_timeout_s,
-        "graceful_shutdown_wait_loop_s": GRACEFUL_WAIT_LOOP_S,
-    }
-    actor_options = ingress_options(config)["ray_actor_options"]
+    options = ingress_options(config)
     ingress = {
         "name": INGRESS_DEPLOYMENT,
         "num_replicas": config.kubernetes.ingress_replicas,
-        "ray_actor_options": {**actor_options, "resources": {INGRESS_RESOURCE: 1}},
-        **graceful,
+        "ray_actor_options": {**options["ray_actor_options"], "resources": {INGRESS_RESOURCE: 1}},
+        "graceful_shutdown_timeout_s": options["graceful_shutdown_timeout_s"],
     }
-    pools = [{"name": pool_deployment_name(pool), **graceful} for pool in config.pools]
     return {
         "http_options": {"host": "0.0.0.0", "port": config.server.port},
         "applications": [
@@ -298,7 +300,7 @@ def _serve_config(config: ClusterConfig) -> dict[str, Any]:
                 "route_prefix": "/",
                 "import_path": "cluster.deployments.app:app_builder",
                 "args": {"config": serve_args_config(config)},
-                "deployments": [ingress, *pools],
+                "deployments": [ingress],
             }
         ],
     }
@@ -460,14 +462,33 @@ def manifests(config: ClusterConfig, **options: Any) -> list[dict[str, Any]]:
     ]
 
 
+def api_keys_mount(config: ClusterConfig) -> dict[str, Any]:
+    """When keys are required and the config names no keys file: the ingress pods (the only
+    ones that run the ingress deployment) mount the secret `cluster-api-keys` (key `keys.json`,
+    the hashes) read-only as a file, which `serve_args_config` names `server.auth.keys_file`.
+    A file rather than an environment variable: it does not show in `ps`, crash dumps or the
+    pod spec, and a rotated secret reaches the pod without a restart."""
+    auth = config.server.auth
+    if not auth.required or auth.keys_file is not None:
+        return {}
+    return {
+        "volumeMounts": [{"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True}],
+        "volumes": [{"name": "api-keys", "secret": {"secretName": API_KEYS_SECRET}}],
+    }
+
+
 def serve_args_config(config: ClusterConfig) -> dict[str, Any]:
     """The config as `app_builder` receives it. Local paths, relative to the config file here,
     become relative to the project root, which the app resolves against (its working directory
-    in the image); S3 URIs, what production configs use, pass through unchanged."""
-    return map_local_paths(
+    in the image); S3 URIs, what production configs use, pass through unchanged. Required API
+    keys come from the secret the ingress pods mount (`api_keys_mount`)."""
+    data = map_local_paths(
         config.model_dump(mode="json", exclude_none=True),
         lambda location: os.path.relpath(config.resolve_path(location), PROJECT_ROOT),
     )
+    if api_keys_mount(config):
+        data["server"]["auth"]["keys_file"] = f"{API_KEYS_DIR}/{API_KEYS_SECRET_KEY}"
+    return data
 
 
 def dump_yaml(data: Any) -> str:

@@ -17,8 +17,13 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cluster.config import EMBEDDED_SOURCE_PREFIX, ClusterConfig, TargetConfig
+if TYPE_CHECKING:  # config imports this module; the types are for annotations only
+    from cluster.config import ClusterConfig, TargetConfig
+
+EMBEDDED_SOURCE_PREFIX = "embedded:"
+"""Prefix of a model shipped inside a Python package and prepared by `cluster models prepare`."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ def local_model_path(config: ClusterConfig, target: TargetConfig) -> str:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive(lock_path: Path) -> Iterator[None]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -128,7 +133,7 @@ def prepare_embedded(name: str, *, quiet: bool = False) -> Path:
     final = embedded_path(name)
     if is_prepared(final):
         return final
-    with _exclusive(final.parent / f".{name}.lock"):
+    with exclusive(final.parent / f".{name}.lock"):
         if is_prepared(final):  # another process finished it while we waited
             return final
         gguf = _gguf_path(EMBEDDED_MODELS[name])

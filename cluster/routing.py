@@ -5,7 +5,11 @@ concurrency; long prompts (agent traces, long-file completion, document QA) are 
 that keeps its acceptance length on long context (EAGLE 3.1) wins most. So a request whose
 prompt has at least `long_context_tokens` goes to the speculative pool while that pool's
 in-flight requests per replica stay below `spec_max_concurrency_per_replica`; everything else
-goes to the throughput pool. If one pool has no running replica, the other takes the request.
+goes to the throughput pool. If one pool has no running replica, the other takes the request;
+a pool at zero replicas that may scale from zero counts as up (its first request wakes it).
+
+The ingress calls `choose_pool` with request features and pool loads only: this module is the
+seam a smarter policy replaces.
 """
 
 from __future__ import annotations
@@ -37,14 +41,18 @@ class PoolLoad:
 
     running_replicas: int
     in_flight: int
+    scales_from_zero: bool = False
+    """`min_replicas: 0`: no replica may be running, yet a request starts one."""
 
     @property
     def up(self) -> bool:
-        return self.running_replicas > 0
+        return self.running_replicas > 0 or self.scales_from_zero
 
     @property
     def in_flight_per_replica(self) -> float:
-        return self.in_flight / self.running_replicas if self.running_replicas else float("inf")
+        if not self.up:
+            return float("inf")
+        return self.in_flight / max(self.running_replicas, 1)
 
 
 @dataclass(frozen=True)

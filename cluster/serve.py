@@ -93,6 +93,12 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
             f"Ctrl-C to stop.",
             flush=True,
         )
+        if not config.server.auth.required:
+            print(
+                f"WARNING: API keys are off (server.auth.required: false): anyone who can reach "
+                f"{base} can use it. Production configs require keys (docs/operations.md).",
+                flush=True,
+            )
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -6,7 +6,8 @@
 - `pull s3://bucket/prefix LOCAL_DIR`: reads the manifest, downloads into a staging directory
   next to the destination, skips files already there with the right hash (resume), verifies
   every hash, and only then renames the staging directory into place: a partial download is
-  never visible as a model.
+  never visible as a model. Manifest keys that are absolute or climb out of the directory are
+  refused, and a lock file next to the destination serialises concurrent pulls of one model.
 
 Errors (missing bucket, missing credentials, permission denied, checksum mismatch) are raised as
 `StorageError` with one clear line.
@@ -21,7 +22,9 @@ import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+from cluster.models import cache_dir, exclusive
 
 MANIFEST = "MANIFEST.json"
 _STAGING_SUFFIX = ".partial"
@@ -158,7 +161,23 @@ def read_manifest(uri: str, *, client=None) -> dict[str, dict]:
         body = client.get_object(Bucket=source.bucket, Key=source.key(MANIFEST))["Body"].read()
     except Exception as error:
         raise _explain(error, source) from error
-    return json.loads(body)["files"]
+    files = json.loads(body)["files"]
+    for key in files:
+        check_relative_key(key, source)
+    return files
+
+
+def check_relative_key(key: str, source: object) -> None:
+    """A manifest key must name a file inside the checkpoint: relative, no `..`, no `\\`."""
+    path = PurePosixPath(key)
+    if (
+        not key
+        or path.is_absolute()
+        or "\\" in key
+        or any(part in ("..", ".", "") for part in key.split("/"))
+        or key.split("/")[0].endswith(":")
+    ):
+        raise StorageError(f"{source}: manifest key {key!r} escapes the checkpoint directory")
 
 
 def pull(
@@ -178,8 +197,14 @@ def pull(
     source, final = S3Uri.parse(uri), Path(local_dir)
     client = client or s3_client(workers=workers)
     manifest = read_manifest(uri, client=client)
-    if _installed(final, manifest):
-        return final
+    # One pull of a destination at a time: a second process waits, then finds it installed.
+    with exclusive(final.with_name(final.name + ".lock")):
+        if not _installed(final, manifest):
+            _download(source, final, manifest, client, workers, on_file_done)
+    return final
+
+
+def _download(source, final, manifest, client, workers, on_file_done) -> None:
     staging = final.with_name(final.name + _STAGING_SUFFIX)
     staging.mkdir(parents=True, exist_ok=True)
     config = transfer_config(workers)
@@ -226,7 +251,6 @@ def pull(
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
-    return final
 
 
 def _has(path: Path, entry: dict) -> bool:
@@ -252,7 +276,5 @@ def _installed(local_dir: Path, manifest: dict[str, dict]) -> bool:
 
 def cached_path(uri: str) -> Path:
     """Where `pull` installs an s3:// checkpoint on this node by default."""
-    from cluster.models import cache_dir
-
     parsed = S3Uri.parse(uri)
     return cache_dir() / "s3" / parsed.bucket / parsed.prefix

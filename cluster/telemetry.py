@@ -2,12 +2,14 @@
 
 Each request gets a `cluster.request` span (continuing the caller's W3C `traceparent` when there
 is one) with two children: `cluster.route` (the pool choice) and `cluster.pool_call` (the call
-into the pool, ended when the last token has been streamed). Spans are exported over OTLP/HTTP
+into the pool, ended when the last token has been streamed). A retry on another pool before the
+first token is a `cluster.failover` event on the request span. Spans are exported over OTLP/HTTP
 when `telemetry.otlp_endpoint` is set.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 
@@ -81,9 +83,30 @@ class RequestTrace:
     def start_pool_call(self, pool: str) -> None:
         self._pool_call = self.child("cluster.pool_call", **{"cluster.pool": pool})
 
+    def failover(self, pool: str, error: str) -> None:
+        self.root.add_event("cluster.failover", {"cluster.pool": pool, "cluster.error": error})
+
     def first_output(self) -> None:
         if self._first_token_at is None:
             self._first_token_at = time.monotonic()
+
+    def observe_sse(self, text: str) -> None:
+        """Count output tokens in streamed SSE text: the usage block when present, else one per
+        content chunk (a lower bound when speculation emits several tokens in one step)."""
+        self.first_output()
+        for event in text.split("\n\n"):
+            payload = event.strip().removeprefix("data: ")
+            if not payload.startswith("{"):
+                continue
+            data = json.loads(payload)
+            usage = data.get("usage")
+            if usage and usage.get("completion_tokens"):
+                self.output_tokens = usage["completion_tokens"]
+            elif any(
+                c.get("text") or (c.get("delta") or {}).get("content")
+                for c in data.get("choices", [])
+            ):
+                self.output_tokens += 1
 
     def finish(self, error: BaseException | str | None = None) -> None:
         if self.finished:

@@ -458,3 +458,14 @@ def test_cpu_of_a_cell_is_split_into_engine_and_serving_path():
     mine = session_cpu_seconds(os.getsid(0))
     assert mine and all(v >= 0 for v in mine.values())
     assert sum(mine.values()) > 0  # this test process has used CPU
+
+
+def test_engine_stats_carry_spec_counters_and_read_back():
+    from cluster.autoscale.signals import EngineStats
+
+    stats = EngineStats(running=2, generation_tokens=50)
+    stats.speculation += SpecCounters(4, 12, 6, (4, 2))
+    stats.speculation += SpecCounters(1, 3, 1, (1, 0, 0))
+    metrics = stats.as_metrics()
+    assert SpecCounters.from_engine_metrics(metrics) == SpecCounters(5, 15, 7, (5, 2, 0))
+    assert metrics["mean_acceptance_length"] == 1 + 7 / 5 and metrics["running"] == 2.0

@@ -343,3 +343,17 @@ def test_eval_markdown_table_from_a_report():
     )
     assert "ratio: 1.20 (<512), 2.00 (512-2k)." in table
     assert "200 at <512 (2 of 6 responses ended by the target)" in table
+
+
+def test_untrusted_drafter_may_hold_only_weights_config_and_tokenizer(tmp_path):
+    from cluster.drafters.spec import untrusted_content
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"]}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert untrusted_content(tmp_path) == []
+    (tmp_path / "modeling_evil.py").write_text("import os")
+    (tmp_path / "extra.bin").write_bytes(b"pickle")
+    (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "m.M"}}))
+    problems = "\n".join(untrusted_content(tmp_path))
+    assert "modeling_evil.py" in problems and "extra.bin" in problems and "auto_map" in problems

@@ -205,19 +205,35 @@ def test_network_policies_deny_by_default_and_allow_explicitly(preset):
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_drain_times_match_serve_graceful_shutdown(preset):
     config, documents = render(preset)
-    timeout = config.kubernetes.graceful_shutdown_timeout_s
-    for deployment in serve_app(documents)["deployments"]:
-        assert deployment["graceful_shutdown_timeout_s"] == timeout
-        wait = deployment["graceful_shutdown_wait_loop_s"]
-    assert drain_seconds(config) == int(timeout) + wait
-    for group in groups(documents).values():
+    (ingress,) = serve_app(documents)["deployments"]
+    longest = max(p.graceful_shutdown_timeout_s for p in config.pools)
+    assert ingress["name"] == "ingress" and ingress["graceful_shutdown_timeout_s"] == longest
+    pools = {p.name: p for p in config.pools}
+    for name, group in groups(documents).items():
+        drained = [pools[name]] if name in pools else config.pools
+        seconds = drain_seconds(*drained)
+        assert seconds >= max(p.graceful_shutdown_timeout_s for p in drained)
         spec = group["template"]["spec"]
         command = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
         assert "ray drain-node" in command
-        assert f"sleep {drain_seconds(config)}" in command
-        assert spec["terminationGracePeriodSeconds"] == drain_seconds(config) + TERMINATION_MARGIN_S
-    names = {d["name"] for d in serve_app(documents)["deployments"]}
-    assert names == {"ingress"} | {f"pool-{p.name}" for p in config.pools}
+        assert f"sleep {seconds}" in command
+        assert spec["terminationGracePeriodSeconds"] == seconds + TERMINATION_MARGIN_S
+
+
+def test_only_the_ingress_pods_read_the_api_keys_from_the_mounted_secret():
+    config, documents = render("prod")
+    assert config.server.auth.required and config.server.auth.keys_file is None
+    keys_file = serve_app(documents)["args"]["config"]["server"]["auth"]["keys_file"]
+    for name, group in groups(documents).items():
+        spec = group["template"]["spec"]
+        secrets = [v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v]
+        mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+        if name == "ingress":
+            assert secrets == ["cluster-api-keys"]
+            assert mounts["api-keys"]["readOnly"]
+            assert keys_file == mounts["api-keys"]["mountPath"] + "/keys.json"
+        else:
+            assert not secrets and "api-keys" not in mounts
 
 
 def test_a_pool_may_not_take_the_ingress_group_name():

@@ -36,3 +36,13 @@ def test_choose_pool(tokens, spec, thr, role, reason):
 def test_saturated_spec_pool_with_busy_throughput_pool_still_offloads():
     decision = choose_pool(5000, PoolLoad(1, 10), PoolLoad(1, 100), RULE)
     assert decision.role == "throughput"
+
+
+def test_pool_at_zero_that_scales_from_zero_gets_its_requests():
+    cold = PoolLoad(running_replicas=0, in_flight=0, scales_from_zero=True)
+    assert choose_pool(5000, cold, IDLE, RULE).role == "speculative"
+    assert choose_pool(10, IDLE, cold, RULE).role == "throughput"
+    # once the woken pool's first replica counts, its load is per replica as usual
+    assert choose_pool(5000, PoolLoad(0, 4, scales_from_zero=True), IDLE, RULE).reason == (
+        Reason.SPEC_SATURATED
+    )

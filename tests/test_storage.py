@@ -162,3 +162,31 @@ def test_cli_push_and_pull(s3_endpoint, client, checkpoint, tmp_path, capsys):
     assert _same_tree(checkpoint, dest)
     assert main(["models", "pull", "s3://nope/x", str(dest), "--endpoint-url", s3_endpoint]) == 1
     assert "bucket 'nope' does not exist" in capsys.readouterr().err
+
+
+ESCAPING_KEYS = ["../evil.json", "/etc/passwd", "a/../../b", "./x", "a//b", "c:\\x"]
+
+
+@pytest.mark.parametrize("key", ESCAPING_KEYS)
+def test_manifest_keys_that_escape_the_directory_are_refused(client, tmp_path, key):
+    body = json.dumps({"files": {key: {"size": 1, "sha256": "0" * 64}}})
+    client.put_object(Bucket="weights", Key="models/evil/MANIFEST.json", Body=body.encode())
+    with pytest.raises(storage.StorageError, match="escapes"):
+        storage.pull("s3://weights/models/evil", tmp_path / "out", client=client)
+    assert not (tmp_path / "evil.json").exists() and not (tmp_path / "out").exists()
+
+
+def test_concurrent_pulls_of_one_model_install_it_once(client, checkpoint, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage.push(checkpoint, "s3://weights/models/m5", client=client)
+    downloaded = []
+    with ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(
+            lambda _: storage.pull("s3://weights/models/m5", tmp_path / "m5", client=client,
+                                   on_file_done=downloaded.append),
+            range(2),
+        ))  # fmt: skip
+    assert paths[0] == paths[1] and _same_tree(checkpoint, tmp_path / "m5")
+    # the second pull waited for the lock, then found the model installed
+    assert len(downloaded) == len(storage.build_manifest(checkpoint))

@@ -440,10 +440,13 @@ def test_render_kuberay_matches_the_config(config_name, capsys):
     from cluster.config import map_local_paths, parse_config
 
     # The same configuration that runs locally; local paths now relative to the project root,
-    # the image's working directory.
+    # the image's working directory; the API keys from the secret the ingress pods mount.
     rendered = parse_config(app["args"]["config"], base_dir=ROOT)
+    expected = config.model_dump()
+    if config.server.auth.required:
+        expected["server"]["auth"]["keys_file"] = "/etc/cluster/api-keys/keys.json"
     assert map_local_paths(rendered.model_dump(), rendered.resolve_path) == map_local_paths(
-        config.model_dump(), config.resolve_path
+        expected, config.resolve_path
     )
     cluster = spec["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True

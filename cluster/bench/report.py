@@ -126,12 +126,16 @@ def ratio_table(summary_doc: dict[str, Any], metric: str = "per_user_tok_s") -> 
 
 
 def readme_block(summary_doc: dict[str, Any]) -> str:
-    """The README's benchmark table: method, per-user and aggregate ratios."""
+    """The README's benchmark table: method and per-user ratios (aggregate and the rest are in
+    the run's table.md)."""
     lines = [*summary_doc["method"], ""]
     lines += ["Per-user decode rate (1/TPOT), paired ratios:", "", *ratio_table(summary_doc)]
-    lines += ["", "Aggregate output tok/s, paired ratios:", ""]
-    lines += ratio_table(summary_doc, "aggregate_tok_s")
-    lines += ["", f"From `{summary_doc['run']}` (`benchmarks/results/summary.json`)."]
+    run = summary_doc["run"]
+    lines += [
+        "",
+        f"From `{run}` (`benchmarks/results/summary.json`; aggregate, TTFT and CPU per "
+        f"token in `{run}/table.md`).",
+    ]
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
 """From a `ClusterConfig` to a Ray Serve application: one `PoolServer` deployment per pool and
-one `ClusterIngress` in front of them.
+one ingress (`cluster.deployments.ingress`) in front of them.
 
 `pool_llm_configs` is also what `cluster config render` prints, so operators see exactly what
 will be deployed before a long GPU load.
@@ -11,6 +11,7 @@ from typing import Any
 
 from cluster.config import ClusterConfig, PoolConfig, TargetConfig
 from cluster.models import local_model_path
+from cluster.request.dispatch import PoolRef
 
 INGRESS_DEPLOYMENT = "ingress"
 
@@ -86,6 +87,8 @@ def _runtime_env(target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
             env["VLLM_CPU_OMP_THREADS_BIND"] = pool.engine.cpu_omp_threads_bind
     if target.is_embedded or "://" not in target.source:
         env["HF_HUB_OFFLINE"] = "1"  # local weights: never reach for a hub
+    if pool.speculation.trust_drafter_code:
+        env["CLUSTER_TRUST_DRAFTER_CODE"] = "1"  # read by pool_server.stage_s3_sources
     return {"env_vars": env} if env else {}
 
 
@@ -113,6 +116,11 @@ def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, A
         "deployment_config": {
             "autoscaling_config": autoscaling_config,
             "max_ongoing_requests": pool.max_ongoing_requests,
+            # The ingress's gate queues for the pool; Serve's bound only has to hold what the
+            # gate lets through to a pool at zero (one replica's worth) plus its queue.
+            "max_queued_requests": pool.max_ongoing_requests + pool.max_queued_requests,
+            "graceful_shutdown_timeout_s": pool.graceful_shutdown_timeout_s,
+            "graceful_shutdown_wait_loop_s": pool.graceful_shutdown_wait_loop_s,
         },
         "runtime_env": _runtime_env(target, pool),
         "experimental_configs": {"stream_batching_interval_ms": pool.stream_batching_interval_ms},
@@ -125,12 +133,36 @@ def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, A
 
 
 def ingress_options(config: ClusterConfig) -> dict[str, Any]:
+    # Every request a pool gate holds (in flight or queued) is an ongoing ingress request.
+    held = sum(
+        p.max_ongoing_requests * max(p.autoscaling.max_replicas, 1) + p.max_queued_requests
+        for p in config.pools
+    )
     return {
         "name": INGRESS_DEPLOYMENT,
         # The ingress only parses, tokenizes and forwards: a fraction of a CPU.
         "ray_actor_options": {"num_cpus": 0.5},
-        "max_ongoing_requests": 1000,
+        # Headroom over `held` for requests being read and rejected with a 4xx/429.
+        "max_ongoing_requests": 2 * held + 100,
+        # A draining ingress lets its streams finish like the pools it calls do.
+        "graceful_shutdown_timeout_s": max(p.graceful_shutdown_timeout_s for p in config.pools),
     }
+
+
+def pool_refs(config: ClusterConfig) -> list[PoolRef]:
+    return [
+        PoolRef(
+            name=pool.name,
+            target=pool.target,
+            role=pool.role,
+            deployment=pool_deployment_name(pool),
+            max_ongoing_requests=pool.max_ongoing_requests,
+            max_queued_requests=pool.max_queued_requests,
+            queue_timeout_s=pool.queue_timeout_s,
+            scales_from_zero=pool.autoscaling.min_replicas == 0,
+        )
+        for pool in config.pools
+    ]
 
 
 def render(config: ClusterConfig) -> dict[str, Any]:
@@ -154,38 +186,44 @@ def render(config: ClusterConfig) -> dict[str, Any]:
 def build_app(config: ClusterConfig):
     """The Serve application (imports Ray and vLLM; call on a machine that has them)."""
     from ray import serve
-    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
     from ray.serve.llm import LLMConfig, build_llm_deployment
 
-    from cluster.deployments.ingress import ClusterIngress, PoolRef, make_ingress_class
+    from cluster.deployments.ingress import TargetRef, ingress_class
     from cluster.deployments.pool_server import PoolServer
 
-    handles, pool_refs, model_cards = {}, [], {}
-    for pool in config.pools:
-        llm_config = LLMConfig(**pool_llm_config_dict(config, pool))
-        handles[pool.name] = build_llm_deployment(
-            llm_config,
+    handles = {
+        pool.name: build_llm_deployment(
+            LLMConfig(**pool_llm_config_dict(config, pool)),
             deployment_cls=PoolServer,
             override_serve_options={"name": pool_deployment_name(pool)},
         )
-        pool_refs.append(PoolRef(pool.name, pool.target, pool.role, pool_deployment_name(pool)))
-        model_cards.setdefault(pool.target, to_model_metadata(pool.target, llm_config))
-    tokenizers = {
-        t.id: local_model_path(config, t)
-        if t.tokenizer is None
-        else config.resolve_path(t.tokenizer)
-        for t in config.targets
+        for pool in config.pools
     }
-    ingress_cls = make_ingress_class(ClusterIngress)
-    return serve.deployment(ingress_cls, **ingress_options(config)).bind(
+    targets = [
+        TargetRef(
+            id=t.id,
+            tokenizer=config.resolve_path(t.tokenizer) if t.tokenizer else _local_dir(config, t),
+            max_model_len=t.max_model_len,
+            content_part_types=list(t.content_part_types),
+        )
+        for t in config.targets
+    ]
+    auth = config.server.auth
+    return serve.deployment(ingress_class(config.server), **ingress_options(config)).bind(
         pool_handles=handles,
-        pools=pool_refs,
-        model_cards=model_cards,
-        tokenizers=tokenizers,
+        pools=pool_refs(config),
+        targets=targets,
+        server=config.server,
+        keys_file=config.resolve_path(auth.keys_file) if auth.keys_file else None,
         routing=config.routing,
         telemetry=config.telemetry,
         app_name=config.server.app_name,
     )
+
+
+def _local_dir(config: ClusterConfig, target: TargetConfig) -> str | None:
+    location = local_model_path(config, target)
+    return None if "://" in location else location
 
 
 def app_builder(args: dict[str, Any]):

@@ -8,6 +8,7 @@ requests, KV cache usage and speculation counters reach Serve's request router
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,10 @@ from ray.serve.llm import LLMConfig, LLMServer
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from cluster.autoscale.signals import EngineStats
+from cluster.speculation import SpecCounters
+
+TRUST_DRAFTER_CODE_ENV = "CLUSTER_TRUST_DRAFTER_CODE"
+"""Set to 1 in a pool's runtime env when its config trusts the drafter's S3 source."""
 
 
 class EngineStatsLogger(AggregateStatLoggerBase):
@@ -31,11 +36,11 @@ class EngineStatsLogger(AggregateStatLoggerBase):
             self.stats.kv_cache_usage = scheduler_stats.kv_cache_usage
             spec = scheduler_stats.spec_decoding_stats
             if spec is not None:
-                self.stats.add_speculation(
+                self.stats.speculation += SpecCounters(
                     spec.num_drafts,
                     spec.num_draft_tokens,
                     spec.num_accepted_tokens,
-                    list(spec.num_accepted_tokens_per_pos),
+                    tuple(spec.num_accepted_tokens_per_pos),
                 )
         if iteration_stats is not None:
             self.stats.generation_tokens += iteration_stats.num_generation_tokens
@@ -45,7 +50,11 @@ class EngineStatsLogger(AggregateStatLoggerBase):
 
 
 class StatsVLLMEngine(VLLMEngine):
-    """Ray Serve LLM's vLLM engine with an `EngineStatsLogger` attached to the AsyncLLM."""
+    """Ray Serve LLM's vLLM engine with an `EngineStatsLogger` attached to the AsyncLLM.
+
+    The one adapter over private Ray Serve LLM API (`VLLMEngine._start_async_llm_engine`,
+    `LLMServer._default_engine_cls`): vLLM's stat loggers are reachable no other way.
+    `tests/test_ray_private.py` fails when Ray changes either."""
 
     stats_logger: EngineStatsLogger | None = None
 
@@ -73,16 +82,20 @@ def stage_s3_sources(llm_config: LLMConfig) -> None:
     spec = llm_config.engine_kwargs.get("speculative_config") or {}
     drafter = spec.get("model")
     if isinstance(drafter, str) and drafter.startswith("s3://"):
+        trusted = os.environ.get(TRUST_DRAFTER_CODE_ENV) == "1"
         spec["model"] = str(storage.pull(drafter, storage.cached_path(drafter)))
-        _refuse_invalid_drafter(spec["model"], loading.model_source)
+        _refuse_invalid_drafter(spec["model"], loading.model_source, trusted)
 
 
-def _refuse_invalid_drafter(drafter: str, target: str) -> None:
-    """A pulled drafter is checked like a local one is at config load: before vLLM sees it."""
+def _refuse_invalid_drafter(drafter: str, target: str, trusted: bool) -> None:
+    """A pulled drafter is checked like a local one is at config load, before vLLM sees it;
+    unless its source is trusted it may hold weights, config and tokenizer files only (no
+    `auto_map`, no Python that `trust_remote_code` would run)."""
     from cluster.drafters import spec
 
     target_config = Path(target) / spec.CONFIG_FILE
-    problems = spec.validate(
+    problems = [] if trusted else spec.untrusted_content(Path(drafter))
+    problems += spec.validate(
         Path(drafter), spec.read_target_config(Path(target)) if target_config.is_file() else None
     )
     if problems:

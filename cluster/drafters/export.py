@@ -137,7 +137,7 @@ class _Naming:
 
 def export(run_dir: Path, target: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
     """`run_dir/checkpoint.pt` -> `out/{config.json,model.safetensors}` in vLLM's layout."""
-    state = torch.load(run_dir / CHECKPOINT, weights_only=False)
+    state = torch.load(run_dir / CHECKPOINT, weights_only=True)
     spec = drafter_spec.DrafterSpec.read(run_dir)
     expected = spec.expected_tensors()
     tensors = {}

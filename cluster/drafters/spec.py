@@ -248,3 +248,27 @@ def validate(drafter: Path, target_config: dict[str, Any] | None = None) -> list
 def read_target_config(target: Path) -> dict[str, Any]:
     """The target's `config.json` (a Hugging Face checkpoint directory)."""
     return json.loads((Path(target) / CONFIG_FILE).read_text())
+
+
+SAFE_FILES = (
+    "*.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "tokenizer.model", "recipe.yaml", "metrics.json", "MANIFEST.json",
+    "model.safetensors.index.json",
+)  # fmt: skip
+"""What a drafter from an untrusted source may contain: weights, configs, tokenizer, our notes."""
+
+
+def untrusted_content(drafter: Path) -> list[str]:
+    """Why a drafter from a source the config does not trust is refused: files that are not
+    weights/config/tokenizer (pickles, Python), or an `auto_map` that loads remote code."""
+    drafter = Path(drafter)
+    problems = [
+        f"{path}: not a safetensors, config or tokenizer file (trust_drafter_code allows it)"
+        for path in sorted(drafter.rglob("*"))
+        if path.is_file() and not any(path.match(pattern) for pattern in SAFE_FILES)
+    ]
+    config = drafter / CONFIG_FILE
+    if config.is_file() and "auto_map" in json.loads(config.read_text()):
+        problems.append(f"{config}: auto_map loads remote code (trust_drafter_code allows it)")
+    return problems

@@ -147,12 +147,6 @@ def load_target_embeddings(target: Path) -> tuple[dict, torch.Tensor]:
     return config, embed.float()
 
 
-@dataclass
-class StepStats:
-    loss: float
-    accuracy: list[float]  # per TTT position
-
-
 def sample_loss(
     model: Eagle3Drafter,
     sample: data.Sample,
@@ -342,7 +336,7 @@ def train(
         [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0
     )
     if checkpoint_path.exists():
-        state = torch.load(checkpoint_path, weights_only=False)
+        state = torch.load(checkpoint_path, weights_only=True)
         if state["config"] != asdict(cfg):
             raise ValueError(f"{checkpoint_path}: written with a different config; use a new --out")
         model.load_state_dict(state["model"])
@@ -414,7 +408,7 @@ def _init_from(model: Eagle3Drafter, source: Path, cfg: TrainConfig) -> dict:
     `source` is a run directory (its checkpoint) or an exported drafter directory
     (`config.json` + `model.safetensors`, e.g. a shipped drafter: its `recipe.yaml` is kept)."""
     if (source / CHECKPOINT).is_file():
-        state = torch.load(source / CHECKPOINT, weights_only=False)
+        state = torch.load(source / CHECKPOINT, weights_only=True)
         _check_same(source, state["config"], cfg)
         model.load_state_dict(state["model"])
         source_info = json.loads((source / RUN_INFO).read_text())

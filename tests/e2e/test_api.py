@@ -14,6 +14,8 @@ import openai
 import pytest
 import requests
 
+from cluster.reliability import bad_input_phase, bad_inputs
+
 pytestmark = pytest.mark.e2e
 
 SHORT = [{"role": "user", "content": "Name one prime number."}]
@@ -161,47 +163,40 @@ def test_sixteen_concurrent_short_requests_all_succeed(client, cluster):
     assert len(answers) == 16 and all(a.strip() for a in answers)
 
 
-def _post(cluster, path: str, data, content_type: str = "application/json"):
-    body = data if isinstance(data, str) else json.dumps(data)
-    return requests.post(
-        f"{cluster.base_url}{path}", data=body, headers={"Content-Type": content_type}, timeout=120
-    )
+def _client(cluster):
+    from cluster.reliability import Client
+
+    return Client(cluster.base_url, "unused (auth is off in the embedded preset)", cluster.model)
 
 
-def _bad_inputs(model: str) -> dict:
-    chat = "/v1/chat/completions"
-    return {
-        "malformed json": (chat, '{"model": "x", "messages": [', "application/json", 400),
-        "missing messages": (chat, {"model": model}, "application/json", 400),
-        "unknown model": (chat, {"model": "gpt-9", "messages": SHORT}, "application/json", 404),
-        "negative max_tokens": (
-            chat,
-            {"model": model, "messages": SHORT, "max_tokens": -5},
-            "application/json",
-            400,
-        ),
-        "prompt longer than max_model_len": (
-            "/v1/completions",
-            {"model": model, "prompt": long_code_prompt(200_000), "max_tokens": 4},
-            "application/json",
-            400,
-        ),
-        "wrong content type": (chat, "hello", "text/plain", 415),
-    }
-
-
-@pytest.mark.parametrize("case", list(_bad_inputs("")))
+@pytest.mark.parametrize("case", list(bad_inputs("m")))
 def test_bad_input_gets_openai_style_4xx(cluster, case):
-    path, data, content_type, status = _bad_inputs(cluster.model)[case]
-    response = _post(cluster, path, data, content_type)
-    assert response.status_code == status, response.text
+    path, body, headers = bad_inputs(cluster.model)[case]
+    response = _client(cluster).post(path, body, headers)
+    assert 400 <= response.status_code < 500, response.text
     error = response.json()["error"]
     assert error["message"] and error["type"], error
 
 
+def test_unknown_role_and_unsupported_part_are_400_naming_them(cluster):
+    path, body, headers = bad_inputs(cluster.model)["unknown role"]
+    response = _client(cluster).post(path, body, headers)
+    assert response.status_code == 400 and "'wizard'" in response.json()["error"]["message"]
+    path, body, headers = bad_inputs(cluster.model)["unsupported content part"]
+    response = _client(cluster).post(path, body, headers)
+    assert response.status_code == 400 and "'image_url'" in response.json()["error"]["message"]
+
+
+def test_multi_part_text_content_is_served(client, cluster):
+    parts = [{"type": "text", "text": "Name one prime"}, {"type": "text", "text": " number."}]
+    response = client.chat.completions.create(
+        model=cluster.model, messages=[{"role": "user", "content": parts}], max_tokens=8
+    )
+    assert response.choices[0].message.content
+
+
 def test_server_still_serves_after_bad_input(client, cluster):
-    for path, data, content_type, _ in _bad_inputs(cluster.model).values():
-        _post(cluster, path, data, content_type)
+    assert bad_input_phase(_client(cluster))["server_healthy_after"]
     response = client.chat.completions.create(model=cluster.model, messages=SHORT, max_tokens=8)
     assert response.choices[0].message.content
 

@@ -54,7 +54,7 @@ variable "allowed_cidrs" {
 }
 
 variable "deregistration_delay_s" {
-  description = "Seconds the ALB keeps draining a deregistered pod; keep it below the pods' preStop drain (KubernetesConfig.graceful_shutdown_timeout_s)."
+  description = "Seconds the ALB keeps draining a deregistered pod; keep it below the pods' preStop drain (the pools' graceful_shutdown_timeout_s)."
   type        = number
   default     = 60
 }

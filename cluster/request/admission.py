@@ -1,0 +1,134 @@
+"""Bounded admission per pool: a request holds a slot while the pool serves it.
+
+A pool's capacity is its running replicas x `max_ongoing_requests`, so the ingress never sends
+a pool more than its replicas take at once, and waiting happens here, where it is bounded:
+at most `max_queued_requests` wait (more: 429) for at most `queue_timeout_s` (then: 503), both
+with `Retry-After`. A pool at zero replicas that may scale from zero counts as one replica: its
+first requests go to Serve, whose queue is what wakes the autoscaler, and the dispatcher bounds
+their wait for a replica by the same timeout. A slot is a guard: it is released exactly once,
+when the response (or stream) ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from cluster.request.errors import ApiError
+
+
+class Slot:
+    """One admitted request's place in a pool."""
+
+    def __init__(self, gate: PoolGate):
+        self._gate: PoolGate | None = gate
+
+    def release(self) -> None:
+        if self._gate is not None:
+            gate, self._gate = self._gate, None
+            gate._release()
+
+
+class PoolGate:
+    def __init__(
+        self,
+        name: str,
+        *,
+        per_replica: int,
+        max_queued: int,
+        queue_timeout_s: float,
+        retry_after_s: int,
+        scales_from_zero: bool = False,
+    ):
+        self.name = name
+        self.per_replica, self.max_queued = per_replica, max_queued
+        self.queue_timeout_s, self.retry_after_s = queue_timeout_s, retry_after_s
+        self.scales_from_zero = scales_from_zero
+        self.running_replicas = 0
+        self.in_flight = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    @property
+    def capacity(self) -> int:
+        replicas = self.running_replicas or (1 if self.scales_from_zero else 0)
+        return replicas * self.per_replica
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def cold(self) -> bool:
+        """No replica runs; requests let in now wait in Serve for one to start."""
+        return self.running_replicas == 0
+
+    def set_replicas(self, running: int) -> None:
+        self.running_replicas = running
+        if self.capacity == 0:  # the pool went down: waiters may find another pool
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(
+                        ApiError(
+                            503,
+                            f"pool {self.name!r} has no running replica; retry later",
+                            code="pool_down",
+                            retry_after_s=self.retry_after_s,
+                            retryable=True,
+                        )
+                    )
+        self._wake()
+
+    def try_enter(self) -> Slot | None:
+        """A slot now, or None (no waiting): for failover to a pool that was not chosen."""
+        if self.in_flight < self.capacity and not self._waiters:
+            self.in_flight += 1
+            return Slot(self)
+        return None
+
+    async def enter(self) -> Slot:
+        slot = self.try_enter()
+        if slot is not None:
+            return slot
+        if len(self._waiters) >= self.max_queued:
+            raise ApiError(
+                429,
+                f"pool {self.name!r} is at capacity ({self.in_flight} in flight, "
+                f"{len(self._waiters)} queued); retry later",
+                code="pool_queue_full",
+                retry_after_s=self.retry_after_s,
+            )
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
+        except ApiError:  # the pool went down while we waited
+            raise
+        except BaseException as error:  # the wait timed out, or the client went away
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release()  # granted just as we gave up: pass the slot on
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+                waiter.cancel()
+            if not isinstance(error, TimeoutError):
+                raise
+            raise ApiError(
+                503,
+                f"pool {self.name!r} had no free replica within {self.queue_timeout_s:g}s; "
+                "retry later",
+                code="pool_timeout",
+                retry_after_s=self.retry_after_s,
+            ) from None
+        return Slot(self)
+
+    def _release(self) -> None:
+        self.in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        # Granting a waiter moves the slot to it (in_flight stays counted).
+        while self._waiters and self.in_flight < self.capacity:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.in_flight += 1
+                waiter.set_result(None)

@@ -1,0 +1,89 @@
+"""Calls into pools through public Serve APIs only: one cached `DeploymentHandle` per pool
+(`options(stream=True)` for `LLMServer.chat` / `completions`, plain for `PoolServer.stats`), and
+`serve.status()` for each pool's running replica count, which sizes its admission gate."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.request.admission import PoolGate
+
+logger = logging.getLogger("ray.serve")
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """What the ingress knows about a pool from the config."""
+
+    name: str
+    target: str
+    role: str
+    deployment: str
+    max_ongoing_requests: int
+    max_queued_requests: int
+    queue_timeout_s: float
+    scales_from_zero: bool
+
+
+class PoolClient:
+    """Handles to every pool, and the gates their replica counts size."""
+
+    def __init__(self, handles: dict[str, Any], pools: list[PoolRef], retry_after_s: int):
+        self.pools = {pool.name: pool for pool in pools}
+        self._handles = handles
+        self._streams = {name: handle.options(stream=True) for name, handle in handles.items()}
+        self.gates = {
+            pool.name: PoolGate(
+                pool.name,
+                per_replica=pool.max_ongoing_requests,
+                max_queued=pool.max_queued_requests,
+                queue_timeout_s=pool.queue_timeout_s,
+                retry_after_s=retry_after_s,
+                scales_from_zero=pool.scales_from_zero,
+            )
+            for pool in pools
+        }
+        self._status_task: asyncio.Task | None = None
+        self._status_ready = asyncio.Event()
+
+    def call(self, pool: str, method: str, request: Any):
+        """`LLMServer.<method>(request)` on one of the pool's replicas, chosen by Serve: a
+        `DeploymentResponseGenerator` (async iterator, `.cancel()`)."""
+        return getattr(self._streams[pool], method).remote(request)
+
+    async def stats(self, pool: str, timeout_s: float = 10) -> dict[str, float] | None:
+        """One replica's engine signals, or None when the pool has none to ask."""
+        if self.gates[pool].cold:
+            return None
+        try:
+            return await asyncio.wait_for(self._handles[pool].stats.remote(), timeout_s)
+        except Exception as error:  # a replica that is starting or gone: report, not fail
+            logger.warning("stats of pool %s unavailable: %s", pool, error)
+            return None
+
+    async def ready(self, app_name: str, refresh_s: float) -> None:
+        """Replica counts are known (starts the refresh loop on first use)."""
+        if self._status_task is None:
+            self._status_task = asyncio.create_task(self._refresh(app_name, refresh_s))
+        await self._status_ready.wait()
+
+    async def _refresh(self, app_name: str, refresh_s: float) -> None:
+        from ray import serve
+
+        while True:
+            try:
+                status = await asyncio.to_thread(serve.status)
+                app = status.applications.get(app_name)
+                for pool in self.pools.values():
+                    deployment = app.deployments.get(pool.deployment) if app else None
+                    states = deployment.replica_states if deployment else {}
+                    self.gates[pool.name].set_replicas(
+                        sum(n for state, n in states.items() if str(state.value) == "RUNNING")
+                    )
+            except Exception:
+                logger.exception("refreshing pool status failed; keeping the last known counts")
+            self._status_ready.set()
+            await asyncio.sleep(refresh_s)

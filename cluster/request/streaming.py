@@ -1,0 +1,140 @@
+"""From a chosen pool to the client's bytes: failover before the first token, and a clean end
+after it.
+
+Before the first output item nothing has reached the client, so a retryable failure (replica
+died, pool unavailable or full, a 5xx from the engine) is retried: the chosen pool, then the
+target's other pool, alternating, `max_attempts` in all, each retry traced. After the first
+item a failure cannot be hidden: a stream ends with an OpenAI error event and `data: [DONE]`,
+never a bare connection close. A client that goes away is not a failure: nothing is recorded,
+and the pool call is cancelled so the engine stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.request.admission import PoolGate, Slot
+from cluster.request.errors import ApiError, from_exception, from_pool_error, is_pool_error
+
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass
+class Started:
+    """A pool call that produced its first item."""
+
+    pool: str
+    first: Any
+    rest: Any
+    """The pool's `DeploymentResponseGenerator`, positioned after `first`."""
+    slot: Slot
+    attempts: int
+
+
+def attempt_order(chosen: str, other: str | None, max_attempts: int) -> list[str]:
+    """Chosen, other, chosen, ... (the chosen pool alone when the target has one pool)."""
+    cycle = [chosen, other] if other else [chosen]
+    return [cycle[i % len(cycle)] for i in range(max_attempts)]
+
+
+async def start(
+    order: list[str],
+    slot: Slot,
+    gates: dict[str, PoolGate],
+    call: Callable[[str], Any],
+    on_retry: Callable[[str, ApiError], None],
+) -> Started:
+    """Run attempts in `order` until one yields a first item; `slot` is the first pool's."""
+    last: ApiError | None = None
+    for attempt, pool in enumerate(order):
+        if attempt:
+            slot = gates[pool].try_enter()
+            if slot is None:  # that pool is full: its gate's answer is the last word
+                last = ApiError(429, f"pool {pool!r} is at capacity", code="pool_queue_full",
+                                retry_after_s=gates[pool].retry_after_s)  # fmt: skip
+                continue
+        gate = gates[pool]
+        stream = call(pool)
+        try:
+            # A cold pool's first call waits in Serve for a replica to start: bounded here.
+            timeout = gate.queue_timeout_s if gate.cold else None
+            first = await asyncio.wait_for(anext(stream), timeout)
+            error = _error_in(first)
+        except BaseException as failure:
+            slot.release()
+            stream.cancel()
+            if isinstance(failure, asyncio.CancelledError):
+                raise
+            error = from_exception(
+                ApiError(502, "the pool returned no output", code="pool_error", retryable=True)
+                if isinstance(failure, StopAsyncIteration)
+                else failure,
+                gate.retry_after_s,
+            )
+        else:
+            if error is None:
+                return Started(pool, first, stream, slot, attempt + 1)
+            slot.release()
+            stream.cancel()
+        if not error.retryable:
+            raise error
+        last = error
+        if attempt + 1 < len(order):
+            on_retry(pool, error)
+    assert last is not None
+    raise last
+
+
+def _error_in(item: Any) -> ApiError | None:
+    first = item[0] if isinstance(item, list) and item else item
+    return from_pool_error(first) if is_pool_error(first) else None
+
+
+def to_sse(item: Any) -> str:
+    """One output item of a streaming pool call (a batch of chunks or one chunk) as SSE text."""
+    if isinstance(item, list):
+        return "".join(to_sse(part) for part in item)
+    if isinstance(item, str):
+        return item
+    if is_pool_error(item):
+        return from_pool_error(item).sse()
+    if isinstance(item, dict):
+        return f"data: {json.dumps(item)}\n\n"
+    return f"data: {item.model_dump_json()}\n\n"
+
+
+async def sse_body(
+    started: Started,
+    retry_after_s: int,
+    observe: Callable[[str], None],
+    finish: Callable[[BaseException | str | None], None],
+) -> AsyncIterator[str]:
+    """The stream the client reads; always ends with `data: [DONE]` unless the client left."""
+    done = False
+    outcome: BaseException | str | None = None
+    try:
+        item = started.first
+        while True:
+            text = to_sse(item)
+            observe(text)
+            done = done or text.rstrip().endswith(DONE.rstrip())
+            yield text
+            try:
+                item = await anext(started.rest)
+            except StopAsyncIteration:
+                break
+    except (asyncio.CancelledError, GeneratorExit):  # the client went away: not a failure
+        started.rest.cancel()
+        raise
+    except Exception as failure:
+        outcome = failure
+        yield from_exception(failure, retry_after_s).sse()
+    finally:
+        started.slot.release()
+        finish(outcome)
+    if not done:
+        yield DONE

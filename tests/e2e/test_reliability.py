@@ -1,0 +1,50 @@
+"""`cluster reliability` at small numbers (one replica kill, c=4, 4x overload of capacity 2 per
+replica): the same targets as the full run, on a cluster of its own with API keys on."""
+
+from __future__ import annotations
+
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from cluster.launcher import ServeProcess
+from cluster.reliability import run, targets_missed
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+EMBEDDED = ROOT / "configs" / "embedded.yaml"
+
+
+def test_reliability_targets_hold_at_small_numbers():
+    result = run(EMBEDDED, capacity=2, factor=4, kills=1, concurrency=4, unloaded_n=4)
+    assert result["faults"]["replica_kills"] == 1 and result["faults"]["requests"] > 0
+    assert result["bad_inputs"]["cases"] >= 25 and result["auth"]["cases"] >= 10
+    assert result["overload"]["429"] > 0, result  # 4x capacity must be refused, not queued
+    assert targets_missed(result) == [], result
+
+
+def test_pool_at_zero_replicas_wakes_for_its_first_request():
+    data = yaml.safe_load(EMBEDDED.read_text())
+    speculative = next(p for p in data["pools"] if p["role"] == "speculative")
+    speculative["autoscaling"] = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0}
+    speculative["queue_timeout_s"] = 600  # a CPU replica loads in about a minute
+    with ServeProcess(data, base_dir=EMBEDDED.parent) as serve:
+        pools = requests.get(f"{serve.base_url}/readyz", timeout=30).json()["pools"]
+        assert pools["speculative"]["running_replicas"] == 0
+        source = (Path(sysconfig.get_paths()["stdlib"]) / "argparse.py").read_text()
+        started = time.monotonic()
+        response = requests.post(
+            f"{serve.base_url}/v1/completions",
+            json={"model": data["targets"][0]["id"], "prompt": source[:8000], "max_tokens": 8},
+            timeout=900,
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-cluster-pool"] == "speculative"
+        assert response.headers["x-cluster-route-reason"] == "long_context"
+        assert time.monotonic() - started > 5  # it really waited for a replica to start
+        pools = requests.get(f"{serve.base_url}/readyz", timeout=30).json()["pools"]
+        assert pools["speculative"]["running_replicas"] == 1

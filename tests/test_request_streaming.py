@@ -1,0 +1,137 @@
+"""Failover before the first item, error events after it, and the error table.
+
+The pool calls here are scripted async iterators with the `cancel()` of Serve's
+`DeploymentResponseGenerator`; the e2e reliability test kills real replicas."""
+
+import asyncio
+import json
+
+import pytest
+from ray.exceptions import ActorDiedError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.llm.openai_api_models import ErrorResponse
+
+from cluster.request import streaming
+from cluster.request.admission import PoolGate
+from cluster.request.errors import ApiError, from_exception
+
+CHUNK = 'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+
+
+class Scripted:
+    """A pool call: yields `items`; an exception in them is raised at that point."""
+
+    def __init__(self, items):
+        self._items = list(items)
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self._items:
+            raise StopAsyncIteration
+        item = self._items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def _gates():
+    gates = {n: PoolGate(n, per_replica=4, max_queued=0, queue_timeout_s=1, retry_after_s=2)
+             for n in ("spec", "thr")}  # fmt: skip
+    for gate in gates.values():
+        gate.set_replicas(1)
+    return gates
+
+
+def _run(scripts: dict[str, list], order):
+    gates, calls, retries = _gates(), [], []
+
+    def call(pool):
+        stream = Scripted(scripts[pool].pop(0))
+        calls.append((pool, stream))
+        return stream
+
+    async def go():
+        slot = gates[order[0]].try_enter()
+        return await streaming.start(order, slot, gates, call, lambda p, e: retries.append(p))
+
+    return asyncio.run(go()), gates, calls, retries
+
+
+def test_attempt_order_alternates_pools():
+    assert streaming.attempt_order("thr", "spec", 3) == ["thr", "spec", "thr"]
+    assert streaming.attempt_order("thr", None, 2) == ["thr", "thr"]
+
+
+def test_replica_death_before_first_item_fails_over_to_the_other_pool():
+    died = ActorDiedError()
+    started, gates, calls, retries = _run(
+        {"thr": [[died]], "spec": [[[CHUNK], ["data: [DONE]\n\n"]]]}, ["thr", "spec", "thr"]
+    )
+    assert started.pool == "spec" and started.attempts == 2 and retries == ["thr"]
+    assert calls[0][1].cancelled
+    assert gates["thr"].in_flight == 0 and gates["spec"].in_flight == 1
+
+
+def test_engine_5xx_is_retried_but_a_4xx_is_the_answer():
+    error_5xx = ErrorResponse(error={"message": "engine dead", "type": "x", "code": 500})
+    started, *_ = _run({"thr": [[error_5xx], [[CHUNK]]], "spec": []}, ["thr", "thr"])
+    assert started.attempts == 2
+
+    error_4xx = ErrorResponse(error={"message": "too long", "type": "x", "code": 400})
+    with pytest.raises(ApiError) as caught:
+        _run({"thr": [[error_4xx]], "spec": []}, ["thr", "spec"])
+    assert caught.value.status == 400 and caught.value.message == "too long"
+
+
+def test_every_attempt_failing_gives_the_last_error():
+    with pytest.raises(ApiError) as caught:
+        _run({"thr": [[ActorDiedError()]], "spec": [[DeploymentUnavailableError("x")]]},
+             ["thr", "spec"])  # fmt: skip
+    assert caught.value.status == 503 and caught.value.headers() == {"Retry-After": "2"}
+
+
+def _body(items_after_first):
+    gate = _gates()["thr"]
+    started = streaming.Started("thr", [CHUNK], Scripted(items_after_first), gate.try_enter(), 1)
+    ended = []
+
+    async def read():
+        return [t async for t in streaming.sse_body(started, 2, lambda t: None, ended.append)]
+
+    return "".join(asyncio.run(read())), gate, ended
+
+
+def test_failure_after_the_first_item_is_an_error_event_then_done():
+    text, gate, ended = _body([[CHUNK], ActorDiedError()])
+    events = [e.removeprefix("data: ") for e in text.strip().split("\n\n")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "replica_failed"
+    assert gate.in_flight == 0 and isinstance(ended[0], ActorDiedError)
+
+
+def test_clean_stream_gets_one_done():
+    text, gate, ended = _body([["data: [DONE]\n\n"]])
+    assert text.count("[DONE]") == 1 and ended == [None] and gate.in_flight == 0
+    text, *_ = _body([])  # a pool stream that ends without its own [DONE]
+    assert text.endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "retry_after"),
+    [
+        (BackPressureError(num_queued_requests=5, max_queued_requests=5), 429, True),
+        (DeploymentUnavailableError("pool-x"), 503, True),
+        (TimeoutError(), 503, True),
+        (ActorDiedError(), 502, False),
+        (RuntimeError("boom"), 502, False),
+    ],
+)
+def test_error_table_never_answers_overload_with_500(error, status, retry_after):
+    api = from_exception(error, 2)
+    assert api.status == status and ("Retry-After" in api.headers()) == retry_after

@@ -201,17 +201,19 @@ def _worker_group(
 
 def _ingress_group(config: ClusterConfig, name: str, image: str, service_account: str) -> dict:
     replicas = config.kubernetes.ingress_replicas
+    keys = api_keys_mount(config)
     pod = _worker_pod(
         drain_seconds(*config.pools),
         name,
         image,
         service_account,
         {"cpu": "4", "memory": "16Gi"},  # the proxy, one ingress replica and its tokenizers
-        {"ports": [{"containerPort": SERVE_PORT, "name": "serve"}]},
+        {
+            "ports": [{"containerPort": SERVE_PORT, "name": "serve"}],
+            **({"volumeMounts": keys["volumeMounts"]} if keys else {}),
+        },
     )
-    keys = api_keys_mount(config)
     if keys:
-        pod["spec"]["containers"][0]["volumeMounts"] = keys["volumeMounts"]
         pod["spec"]["volumes"] = keys["volumes"]
     pod["spec"]["nodeSelector"] = {"cluster.ai/role": "ingress"}
     selector = {"matchLabels": _labels(name, INGRESS_GROUP)}

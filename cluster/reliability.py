@@ -34,7 +34,6 @@ import yaml
 from cluster.launcher import ServeProcess, session_processes
 from cluster.request.auth import hash_key
 
-OUT = Path("benchmarks/results/reliability.json")
 SHORT = [{"role": "user", "content": "Count from one to twenty in words."}]
 
 

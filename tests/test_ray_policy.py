@@ -4,8 +4,6 @@ pure decisions they call (`cluster.autoscale.policy`) on table-driven cases."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from ray.serve._private.autoscaling_state import _resolve_policy_callable
 from ray.serve._private.common import DeploymentID, ReplicaID, TimeStampedValue
@@ -31,6 +29,7 @@ from cluster.autoscale.ray_policy import (
 from cluster.autoscale.signals import EngineStats
 from cluster.config import parse_config
 from cluster.deployments.app import POOL_POLICY, pool_llm_config_dict
+from tests.serve_log import serve_log
 
 NOW = 1_000_000.0
 APP = "cluster"
@@ -151,26 +150,26 @@ def test_class_policy_is_instantiated_once_with_its_kwargs():
     assert instance.kwargs["target_running_per_replica"] == 3
 
 
-def test_decisions_are_logged_with_inputs_once_per_change(caplog):
+def test_decisions_are_logged_with_inputs_once_per_change():
     _, policy = ray_wrapped(KWARGS)
-    with caplog.at_level(logging.INFO, logger="ray.serve"):
+    with serve_log() as records:
         replicas, state = policy(context({R1: engine(30)}))
         policy(context({R1: engine(30)}, policy_state=state))  # same decision: not repeated
-    lines = [r.getMessage() for r in caplog.records if DECISION_LOG_PREFIX in r.getMessage()]
+    lines = [r.getMessage() for r in records if DECISION_LOG_PREFIX in r.getMessage()]
     assert len(lines) == 1, lines
     assert lines[0].startswith("autoscale pool=pool-throughput replicas=1->4 reason=load 30.0")
     assert '"load": 30.0' in lines[0]
 
 
-def test_a_failing_policy_falls_back_to_rays_default_instead_of_raising(caplog):
+def test_a_failing_policy_falls_back_to_rays_default_instead_of_raising():
     _, policy = ray_wrapped(KWARGS)
     ctx = context({R1: engine(1)}, total_num_requests=40)
     ctx.running_replicas = None  # a context Ray reshaped: our code breaks on it
-    with caplog.at_level(logging.INFO, logger="ray.serve"):
+    with serve_log() as records:
         replicas, _ = policy(ctx)
     # Ray's default: 40 ongoing requests / target_ongoing_requests 2 = 20, within max 4.
     assert replicas == 4
-    assert any("fallback to Ray's default policy" in r.getMessage() for r in caplog.records)
+    assert any("fallback to Ray's default policy" in r.getMessage() for r in records)
 
 
 def test_pool_state_reads_rays_metrics_per_running_replica():

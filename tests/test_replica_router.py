@@ -5,7 +5,6 @@ objects (no Ray cluster: only the actor-handle lookup is replaced)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 
@@ -36,6 +35,7 @@ from cluster.deployments.replica_router import (
     power_of_two,
     rank_by_slowdown,
 )
+from tests.serve_log import serve_log
 
 NOW = 1_000_000.0
 DEPLOYMENT = DeploymentID(name="pool-throughput", app_name="cluster")
@@ -120,20 +120,20 @@ def fresh(running: int, waiting: int = 0) -> dict:
     return {**stats(running, waiting), STATS_TIME_KEY: time.time()}
 
 
-def test_router_ranks_rays_replicas_by_their_routing_stats(running_replica, caplog):
+def test_router_ranks_rays_replicas_by_their_routing_stats(running_replica):
     a, b, c = (
         running_replica("a", fresh(9)),
         running_replica("b", fresh(0)),
         running_replica("c", fresh(2, 2)),
     )
     request = pending()
-    with caplog.at_level(logging.INFO, logger="ray.serve"):
+    with serve_log() as records:
         router, ranks = route([a, b, c], request)
     assert [[r.replica_id.unique_id for r in rank] for rank in ranks] == [["b"], ["c"], ["a"]]
     assert router.routed == {"stats": 1, "fallback": 0}
     # Nothing else sets it without LocalityMixin; unset, full pools spin without backoff.
     assert request.routing_context.should_backoff is True
-    (line,) = [r.getMessage() for r in caplog.records if ROUTER_LOG_PREFIX in r.getMessage()]
+    (line,) = [r.getMessage() for r in records if ROUTER_LOG_PREFIX in r.getMessage()]
     assert "deployment=pool-throughput routed_by_stats=1 fallback=0" in line
     assert "first_choice=b" in line
 
@@ -143,6 +143,26 @@ def test_router_falls_back_to_power_of_two_without_stats(running_replica):
     router, ranks = route(candidates)
     assert len(ranks) == 1 and len(ranks[0]) == 2
     assert router.routed == {"stats": 0, "fallback": 1}
+
+
+def test_router_logs_the_first_decision_of_each_kind_then_once_per_interval(running_replica):
+    stale, fresh_ones = [running_replica("a", {})], [running_replica("b", fresh(1))]
+
+    async def run():
+        router = LeastSlowdownRouter(
+            deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.REPLICA
+        )
+        router.initialize_state(stale_after_s=10.0, log_interval_s=60.0)
+        router.update_replicas(stale + fresh_ones)
+        for candidates in (stale, stale, fresh_ones, fresh_ones, stale):
+            await router.choose_replicas(candidates, None)
+
+    with serve_log() as records:
+        asyncio.run(run())
+    lines = [r.getMessage() for r in records if ROUTER_LOG_PREFIX in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "routed_by_stats=0 fallback=1" in lines[0]
+    assert "routed_by_stats=1 fallback=2" in lines[1]
 
 
 def test_router_reads_garbage_stats_as_zero(running_replica):

@@ -84,7 +84,7 @@ class LeastSlowdownRouter(FIFOMixin, RequestRouter):
     """Lowest predicted slowdown first; power-of-two when stats are missing or stale.
 
     `request_router_kwargs`: `stale_after_s` (default 30), `log_interval_s` (default 60: a
-    summary line per interval, plus the first decision)."""
+    summary line per interval, plus the first decision by stats and the first fallback)."""
 
     def initialize_state(self, stale_after_s: float = 30.0, log_interval_s: float = 60.0, **_):
         self.stale_after_s = stale_after_s
@@ -119,18 +119,22 @@ class LeastSlowdownRouter(FIFOMixin, RequestRouter):
             )
         except Exception:  # a router must route: bad stats fall back, never fail a request
             logger.exception(f"{ROUTER_LOG_PREFIX}ranking failed; power-of-two fallback")
+        kind = "fallback" if ranks is None else "stats"
         if ranks is None:
-            self.routed["fallback"] += 1
-            result = [[by_id[i] for i in rank] for rank in power_of_two(list(by_id))]
-        else:
-            self.routed["stats"] += 1
-            result = [[by_id[i] for i in rank] for rank in ranks]
-        self._maybe_log(result, candidate_replicas)
+            ranks = power_of_two(list(by_id))
+        self.routed[kind] += 1
+        result = [[by_id[i] for i in rank] for rank in ranks]
+        self._maybe_log(result, candidate_replicas, kind)
         return result
 
-    def _maybe_log(self, result: list[list[RunningReplica]], candidates) -> None:
+    def _maybe_log(self, result: list[list[RunningReplica]], candidates, kind: str) -> None:
         now = time.monotonic()
-        if self._last_log_s is not None and now - self._last_log_s < self.log_interval_s:
+        first_of_kind = self.routed[kind] == 1
+        if (
+            not first_of_kind
+            and self._last_log_s is not None
+            and now - self._last_log_s < self.log_interval_s
+        ):
             return
         self._last_log_s = now
         first = result[0][0] if result and result[0] else None

@@ -85,3 +85,15 @@ def test_waiters_of_a_pool_that_goes_down_are_told_to_go_elsewhere():
 
     down = asyncio.run(scenario())
     assert down.status == 503 and down.retryable
+
+
+def test_running_replicas_counts_enum_and_string_states_from_serve_status():
+    from ray.serve.schema import ReplicaState
+
+    from cluster.request.dispatch import running_replicas
+
+    states = {ReplicaState.RUNNING: 2, ReplicaState.STARTING: 1, ReplicaState.STOPPING: 1}
+    assert running_replicas(states) == 2
+    # What an ingress replica actually receives: the states as plain strings.
+    assert running_replicas({state.value: n for state, n in states.items()}) == 2
+    assert running_replicas({}) == 0

@@ -28,6 +28,13 @@ class PoolRef:
     scales_from_zero: bool
 
 
+def running_replicas(replica_states: dict[Any, int]) -> int:
+    """RUNNING replicas in `serve.status()`'s `replica_states`. Its keys are `ReplicaState`
+    members (a `str` enum) or, once the status has been through serialization, their plain
+    string values; `== "RUNNING"` holds for both."""
+    return sum(n for state, n in replica_states.items() if state == "RUNNING")
+
+
 class PoolClient:
     """Handles to every pool, and the gates their replica counts size."""
 
@@ -80,9 +87,7 @@ class PoolClient:
                 for pool in self.pools.values():
                     deployment = app.deployments.get(pool.deployment) if app else None
                     states = deployment.replica_states if deployment else {}
-                    self.gates[pool.name].set_replicas(
-                        sum(n for state, n in states.items() if str(state.value) == "RUNNING")
-                    )
+                    self.gates[pool.name].set_replicas(running_replicas(states))
             except Exception:
                 logger.exception("refreshing pool status failed; keeping the last known counts")
             self._status_ready.set()

@@ -68,6 +68,16 @@ class TargetConfig(_Strict):
     trust_remote_code: bool = False
     """Let vLLM/transformers run model code shipped with the checkpoint (Kimi needs it)."""
 
+    replica_budget: int | None = Field(default=None, ge=1)
+    """Most replicas this target's pools may hold together (e.g. the GPUs you can get divided
+    by `accelerators_per_replica`). Set: an application-level autoscaling policy
+    (`cluster.autoscale.ray_policy.BudgetAutoscalingPolicy`, Serve's app config
+    `autoscaling_policy`) sizes every pool of the application with the `model` policy and
+    shares the budget between the target's pools in proportion to what each wants above its
+    minimum; Serve then ignores the per-pool policies. Only a declarative deploy applies it
+    (the KubeRay `serveConfigV2`; Serve's `serve.run`, which `cluster serve` uses, has no such
+    option: there each pool keeps its own policy and `max_replicas`). None: no shared budget."""
+
     content_part_types: list[str] = Field(default_factory=lambda: ["text"])
     """Chat content part types the ingress accepts (`text`; add `image_url`, `input_audio`
     for a multimodal target). Any other part is refused with a 400 naming it."""
@@ -478,6 +488,12 @@ class ClusterConfig(_Strict):
             if not any(p.target == target.id for p in self.pools):
                 raise ValueError(f"targets[{i}].id: no pool serves target {target.id!r}")
             _check_parallelism(i, target, [p for p in self.pools if p.target == target.id])
+            floor = sum(p.autoscaling.min_replicas for p in self.pools if p.target == target.id)
+            if target.replica_budget is not None and target.replica_budget < floor:
+                raise ValueError(
+                    f"targets[{i}].replica_budget: {target.replica_budget} is below the "
+                    f"pools' min_replicas together ({floor})"
+                )
         return self
 
     def target(self, target_id: str) -> TargetConfig:

@@ -110,6 +110,25 @@ def pool_policy_kwargs(pool: PoolConfig) -> dict[str, Any]:
     }
 
 
+BUDGET_POLICY = "cluster.autoscale.ray_policy:BudgetAutoscalingPolicy"
+
+
+def app_autoscaling_policy(config: ClusterConfig) -> dict[str, Any] | None:
+    """Serve's application-level `autoscaling_policy` (plain data) when a target has a
+    `replica_budget`; it decides for every pool, so each pool gets the `model` policy's
+    kwargs whatever its own `autoscaling.policy` says."""
+    budgets = {t.id: t.replica_budget for t in config.targets if t.replica_budget is not None}
+    if not budgets:
+        return None
+    pools = {
+        pool_deployment_name(p): {"group": p.target, **pool_policy_kwargs(p)} for p in config.pools
+    }
+    return {
+        "policy_function": BUDGET_POLICY,
+        "policy_kwargs": {"pools": pools, "budgets": budgets},
+    }
+
+
 def request_router_config(pool: PoolConfig) -> dict[str, Any]:
     """Serve's `RequestRouterConfig` of a pool (its replica choice), as plain data."""
     if pool.replica_router == "power_of_two":
@@ -209,6 +228,7 @@ def render(config: ClusterConfig) -> dict[str, Any]:
         "application": config.server.app_name,
         "http": {"host": config.server.host, "port": config.server.port},
         "ingress": {**ingress_options(config), "routing": config.routing.model_dump()},
+        "autoscaling_policy": app_autoscaling_policy(config),
         "pools": {
             pool.name: {
                 "target": pool.target,

@@ -68,6 +68,16 @@ class TargetConfig(_Strict):
     trust_remote_code: bool = False
     """Let vLLM/transformers run model code shipped with the checkpoint (Kimi needs it)."""
 
+    replica_budget: int | None = Field(default=None, ge=1)
+    """Most replicas this target's pools may hold together (e.g. the GPUs you can get divided
+    by `accelerators_per_replica`). Set: an application-level autoscaling policy
+    (`cluster.autoscale.ray_policy.BudgetAutoscalingPolicy`, Serve's app config
+    `autoscaling_policy`) sizes every pool of the application with the `model` policy and
+    shares the budget between the target's pools in proportion to what each wants above its
+    minimum; Serve then ignores the per-pool policies. Only a declarative deploy applies it
+    (the KubeRay `serveConfigV2`; Serve's `serve.run`, which `cluster serve` uses, has no such
+    option: there each pool keeps its own policy and `max_replicas`). None: no shared budget."""
+
     content_part_types: list[str] = Field(default_factory=lambda: ["text"])
     """Chat content part types the ingress accepts (`text`; add `image_url`, `input_audio`
     for a multimodal target). Any other part is refused with a 400 naming it."""
@@ -190,6 +200,29 @@ class AutoscalingConfig(_Strict):
     downscale_delay_s: float = Field(default=600, ge=0)
     """How long load must stay low before removing replicas (GPU replicas are slow to start)."""
 
+    policy: Literal["ray_default", "model"] = "ray_default"
+    """Who decides the replica count. `ray_default`: Serve's own policy, ongoing requests per
+    replica against `target_ongoing_requests`. `model`: our policy
+    (`cluster.autoscale.ray_policy.PoolAutoscalingPolicy`) on the engine stats the replicas
+    report (running, waiting, KV usage, acceptance), steering towards
+    `target_running_per_replica`; each decision is logged with its inputs in the Serve
+    controller log. Serve's bounds and `upscale_delay_s` / `downscale_delay_s` apply to both."""
+
+    target_running_per_replica: float = Field(default=8, gt=0)
+    """`model` policy: engine requests (running + waiting) one replica should hold; more adds
+    replicas, and the pool shrinks once its load fits fewer replicas at 70% of this."""
+
+    upscale_cooldown_s: float = Field(default=30, ge=0)
+    """`model` policy: least time after a replica-count change before it adds replicas."""
+
+    downscale_cooldown_s: float = Field(default=300, ge=0)
+    """`model` policy: least time after a replica-count change before it removes replicas
+    (removal drains: see `graceful_shutdown_timeout_s`)."""
+
+    stale_stats_s: float = Field(default=35, gt=0)
+    """`model` policy: a replica's stats older than this are ignored (Serve pushes them every
+    10 s); with no fresh stats at all the pool holds its size."""
+
     @property
     def replicas_at_deploy(self) -> int:
         return self.initial_replicas if self.initial_replicas is not None else self.min_replicas
@@ -254,6 +287,17 @@ class PoolConfig(_Strict):
 
     graceful_shutdown_wait_loop_s: float = Field(default=2, gt=0)
     """Drain: how often a draining replica checks whether its requests are done."""
+
+    replica_router: Literal["power_of_two", "least_slowdown"] = "power_of_two"
+    """How a request picks a replica inside the pool. `power_of_two`: Serve's default (two
+    random replicas, the shorter queue wins). `least_slowdown`: the replica with the lowest
+    predicted slowdown from its engine stats (running, waiting, KV usage;
+    `cluster.deployments.replica_router`), power-of-two while any replica's stats are missing
+    or stale."""
+
+    replica_stats_period_s: float = Field(default=2, gt=0)
+    """How often Serve pulls each replica's routing stats (`request_routing_stats_period_s`);
+    `least_slowdown` treats stats older than 3 periods plus 5 s as stale."""
 
     stream_batching_interval_ms: float = Field(default=50, ge=0)
     """Ray Serve LLM coalesces a stream's chunks over this many milliseconds before sending
@@ -444,6 +488,12 @@ class ClusterConfig(_Strict):
             if not any(p.target == target.id for p in self.pools):
                 raise ValueError(f"targets[{i}].id: no pool serves target {target.id!r}")
             _check_parallelism(i, target, [p for p in self.pools if p.target == target.id])
+            floor = sum(p.autoscaling.min_replicas for p in self.pools if p.target == target.id)
+            if target.replica_budget is not None and target.replica_budget < floor:
+                raise ValueError(
+                    f"targets[{i}].replica_budget: {target.replica_budget} is below the "
+                    f"pools' min_replicas together ({floor})"
+                )
         return self
 
     def target(self, target_id: str) -> TargetConfig:

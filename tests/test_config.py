@@ -160,3 +160,18 @@ def test_cli_render_prints_what_will_be_deployed(capsys):
     assert speculative_config["model"] == str(SHIPPED_DRAFTER)
     assert spec["placement_group_config"]["bundles"] == [{"CPU": 1}]
     assert spec["deployment_config"]["autoscaling_config"]["min_replicas"] == 1
+
+
+def test_replica_budget_cannot_break_the_pools_minimums():
+    from cluster.config import ConfigError, parse_config
+
+    data = {
+        "targets": [{"id": "m", "source": "/models/m", "replica_budget": 1}],
+        "pools": [
+            {"name": "s", "target": "m", "role": "speculative",
+             "speculation": {"method": "ngram", "num_speculative_tokens": 3}},
+            {"name": "t", "target": "m", "role": "throughput"},
+        ],
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match=r"targets\[0\]\.replica_budget: 1 is below"):
+        parse_config(data)

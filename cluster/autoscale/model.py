@@ -313,7 +313,8 @@ class PoolModel:
             ttft_coefficients=tuple(float(t) for t in ttft),
             speculation=speculation,
             acceptance_per_position=tuple(acceptance),
-            typical_output_tokens=statistics.median(p.output_tokens for p in points),
+            # Output length is the workload's, not the pool's: every step point counts.
+            typical_output_tokens=statistics.median(p.output_tokens for p in step_points),
         )
 
     def depth_at(self, batch: int) -> int:

@@ -243,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cluster.bench.cli import add_command as add_bench_command
 
     add_bench_command(commands)
+
+    from cluster.autoscale.calibrate import add_command as add_calibrate_command
+
+    add_calibrate_command(commands)
     return parser
 
 

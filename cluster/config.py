@@ -319,14 +319,36 @@ class PoolConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
-    """Rule v1 for choosing a pool per request."""
+    """Pool choice per request (`cluster/routing.py`): by the performance model when `profile`
+    is set, else rule v1 (prompt length and the speculative pool's load)."""
+
+    profile: str | None = None
+    """Calibration profile (`cluster calibrate`), relative to the config file: with it, each
+    request goes to the pool with the highest predicted per-user rate under current load.
+    None: rule v1."""
+
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    """With a profile: only pools predicted to start the response within this many seconds are
+    candidates (the closest is taken when none is). None: no TTFT objective."""
+
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    """With a profile: only pools predicted to decode at least one token per this many seconds
+    per user are candidates. None: no TPOT objective."""
+
+    max_stats_age_s: float = Field(default=10, gt=0)
+    """Pool load older than this is stale: rule v1 decides instead of the model."""
+
+    cold_start_s: float = Field(default=60, ge=0)
+    """With a profile: the wait for a first replica of a pool at zero, added to its predicted
+    TTFT and spread over the request's output in its predicted rate."""
 
     long_context_tokens: int = Field(default=1024, ge=1)
-    """Prompts with at least this many tokens are candidates for the speculative pool."""
+    """Rule v1: prompts with at least this many tokens are candidates for the speculative
+    pool."""
 
     spec_max_concurrency_per_replica: float = Field(default=4, gt=0)
-    """The speculative pool takes long prompts while its in-flight requests per replica stay
-    below this (speculation stops paying off once the batch is compute-bound)."""
+    """Rule v1: the speculative pool takes long prompts while its in-flight requests per
+    replica stay below this (speculation stops paying off once the batch is compute-bound)."""
 
     pool_status_refresh_s: float = Field(default=1.0, gt=0)
     """How often the ingress refreshes the pools' running replica counts."""
@@ -512,15 +534,16 @@ def is_local_path(location: str) -> bool:
 
 
 def map_local_paths(config_data: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any]:
-    """A copy of config data (the YAML mapping) with each local target source and drafter path
-    passed through `convert`; URIs and embedded sources stay as they are."""
+    """A copy of config data (the YAML mapping) with each local target source, drafter path and
+    routing profile passed through `convert`; URIs and embedded sources stay as they are."""
     data = copy.deepcopy(config_data)
     holders = [
         *data.get("targets", []),
         *(p.get("speculation") or {} for p in data.get("pools", [])),
+        data.get("routing") or {},
     ]
     for holder in holders:
-        for key in ("source", "drafter"):
+        for key in ("source", "drafter", "profile"):
             if isinstance(holder.get(key), str) and is_local_path(holder[key]):
                 holder[key] = convert(holder[key])
     return data
@@ -588,7 +611,7 @@ def parse_config(
         raise ConfigError(_format_errors(source, error)) from None
     config._base_dir = base_dir or Path.cwd()
     config._source = source
-    problems = drafter_problems(config)
+    problems = drafter_problems(config) + profile_problems(config)
     if problems:
         raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
     return config
@@ -616,6 +639,14 @@ def drafter_problems(config: ClusterConfig) -> list[str]:
             target = spec.read_target_config(target_dir)
         problems += [f"{field}: {problem}" for problem in spec.validate(path, target)]
     return problems
+
+
+def profile_problems(config: ClusterConfig) -> list[str]:
+    """A routing profile that is named must exist (rule v1 would silently take over)."""
+    profile = config.routing.profile
+    if profile is None or Path(config.resolve_path(profile)).is_file():
+        return []
+    return [f"routing.profile: {profile}: no such file"]
 
 
 def load_config(path: str | Path | None = None) -> ClusterConfig:

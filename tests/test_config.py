@@ -16,7 +16,11 @@ SHIPPED_DRAFTER = CONFIGS.parent / "drafters" / "smollm2-135m-instruct-eagle3.1"
 
 
 def embedded_data() -> dict:
-    return yaml.safe_load((CONFIGS / "embedded.yaml").read_text())
+    """The embedded preset's data, its routing profile made absolute (tests parse it from
+    elsewhere)."""
+    data = yaml.safe_load((CONFIGS / "embedded.yaml").read_text())
+    data["routing"]["profile"] = str(CONFIGS / data["routing"]["profile"])
+    return data
 
 
 def test_both_presets_exist():
@@ -135,6 +139,14 @@ def test_invalid_yaml_and_missing_file_name_the_file(tmp_path):
         load_config(broken)
     with pytest.raises(ConfigError, match="missing.yaml: cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_a_missing_routing_profile_is_named():
+    data = embedded_data()
+    data["routing"]["profile"] = "profiles/nope.yaml"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, "c.yaml", CONFIGS)
+    assert str(caught.value) == "c.yaml: routing.profile: profiles/nope.yaml: no such file"
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path):

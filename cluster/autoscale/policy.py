@@ -1,64 +1,262 @@
-"""Pure scaling and replica-choice decisions (no Ray import): the functions Ray adapters call.
+"""Autoscaling decisions from the performance model: pure functions, no Ray.
 
-`desired_replicas` sizes one pool from its replicas' engine stats (the `EngineStats.as_metrics()`
-form) and a per-pool target; `share_budget` divides a replica budget between pools;
-`replica_slowdown` scores a replica for the next request (lower is better). A performance
-`model` may refine the capacity of a replica; without one (`None`) the target's
-`target_running_per_replica` is the capacity.
+Per pool (`desired_replicas`): the fewest replicas at which the requests the pool holds
+(running + waiting on every replica, plus those queued before one) decode at the target
+per-user rate, spread evenly over the replicas. A band (`hysteresis`) and cool-downs keep it
+from flapping: it scales up as soon as the target is missed (after `upscale_cooldown_s`), and
+down only when the smaller count beats the target by the band, `downscale_cooldown_s` after the
+last change. Stale or missing stats hold the current count; no model: an ongoing-requests
+target like Ray's default.
+
+Per target (`share_budget`): a budget of replicas (e.g. GPUs / GPUs per replica) split between
+the speculative and the throughput pool so that the mean per-user rate of the requests in
+flight, routed at best between the pools, is highest. Speculation wins while batches are
+small, so as concurrency rises capacity moves to the throughput pool and back as it falls.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from cluster.autoscale.model import PoolModel
 
 KV_FULL = 0.95
 """KV cache usage treated as full: the free fraction a slowdown divides by never drops below
 `1 - KV_FULL`, so a full replica scores 20x worse rather than infinitely."""
 
-DOWNSCALE_HEADROOM = 0.7
-"""A pool shrinks only when its load fits the smaller pool at this fraction of the target
-(hysteresis: the load that triggers a scale-down cannot trigger a scale-up right after)."""
-
-
-@dataclass(frozen=True)
-class PoolScalingState:
-    """What a pool looks like now."""
-
-    current_replicas: int
-    """Running replicas."""
-    replica_stats: list[dict[str, float]] = field(default_factory=list)
-    """Fresh engine stats of each running replica (`EngineStats.as_metrics()` form); replicas
-    whose stats are missing or stale are left out."""
-    now_s: float = 0.0
-    """Clock of the decision (seconds)."""
-    last_change_s: float | None = None
-    """When the pool's replica count last changed; None = never."""
+SHARE_HYSTERESIS = 0.05
+"""`share_budget` moves replicas only for a mean per-user rate this much higher."""
 
 
 @dataclass(frozen=True)
 class PoolScalingTarget:
-    """Bounds and the target a pool is steered to."""
+    """What one pool's autoscaling aims at."""
 
-    min_replicas: int = 1
+    min_replicas: int = 0
     max_replicas: int = 1
-    target_running_per_replica: float = 8.0
-    """Engine requests (running + waiting) one replica should hold."""
-    upscale_cooldown_s: float = 30.0
-    """Least time between a change and the next scale-up."""
-    downscale_cooldown_s: float = 300.0
-    """Least time between a change and the next scale-down."""
+    target_per_user_tok_s: float | None = None
+    """Per-user decode rate every request should see; None: from `tpot_slo_s`."""
+    tpot_slo_s: float | None = None
+    """Time per output token a user should see (target rate = 1 / this)."""
+    context_tokens: int = 1024
+    """Context the prediction assumes for the requests in flight."""
+    max_batch: int | None = None
+    """Requests one replica runs at once; more per replica wait, which misses any target."""
+    ongoing_requests_per_replica: float = 4
+    """Without a model: Ray's default target (in-flight requests per replica)."""
+    hysteresis: float = 0.2
+    """Scale down only when the smaller count is predicted at least this much above target."""
+    upscale_cooldown_s: float = 30
+    """Least time between two scale-ups."""
+    downscale_cooldown_s: float = 300
+    """Least time from any change to a scale-down (a drain takes time, churn costs)."""
+    max_stats_age_s: float = 30
+    """Stats older than this are stale: the count holds."""
+
+    @property
+    def target_rate(self) -> float | None:
+        if self.target_per_user_tok_s is not None:
+            return self.target_per_user_tok_s
+        return 1 / self.tpot_slo_s if self.tpot_slo_s else None
+
+
+@dataclass(frozen=True)
+class PoolScalingState:
+    """What the policy sees of one pool."""
+
+    replicas: int
+    """Replicas now (running or starting)."""
+    stats: list[dict[str, float]] = field(default_factory=list)
+    """Per replica, `EngineStats.as_metrics()` (running, waiting, kv_cache_usage, ...)."""
+    now_s: float = 0.0
+    stats_at_s: float | None = None
+    """When `stats` were taken (same clock as `now_s`); None: never."""
+    queued: int = 0
+    """Requests waiting for the pool outside its replicas (ingress / Serve queue)."""
+    last_scale_up_s: float | None = None
+    last_scale_down_s: float | None = None
+
+    @property
+    def demand(self) -> int:
+        """Requests the pool holds: running and waiting on its replicas, and queued for it."""
+        held = sum(s.get("running", 0) + s.get("waiting", 0) for s in self.stats)
+        return int(held) + self.queued
+
+    @property
+    def stats_age_s(self) -> float:
+        return math.inf if self.stats_at_s is None else self.now_s - self.stats_at_s
 
 
 @dataclass(frozen=True)
 class ScalingDecision:
     replicas: int
     reason: str
+    """`hold`, `scale_up`, `scale_down`, `cooldown`, `stale_stats`, `slo_infeasible`,
+    `no_model`, `wake` or `idle`."""
     inputs: dict[str, Any] = field(default_factory=dict)
+    """What the decision saw, for the log line."""
 
 
-def _stat(stats: dict[str, float], key: str) -> float:
+def meets(model: PoolModel, demand: int, replicas: int, target: PoolScalingTarget, rate: float):
+    """Whether `replicas` serve `demand` requests at `rate` per user or faster."""
+    if replicas <= 0:
+        return demand == 0
+    batch = math.ceil(demand / replicas)
+    if target.max_batch and batch > target.max_batch:
+        return False
+    return batch == 0 or model.per_user_rate(batch, target.context_tokens) >= rate
+
+
+def fewest_replicas(
+    model: PoolModel, demand: int, target: PoolScalingTarget, rate: float
+) -> int | None:
+    """The fewest replicas in the target's range that meet `rate`; None: none does."""
+    for replicas in range(target.min_replicas, target.max_replicas + 1):
+        if meets(model, demand, replicas, target, rate):
+            return replicas
+    return None
+
+
+def desired_replicas(
+    state: PoolScalingState, model: PoolModel | None, target: PoolScalingTarget
+) -> ScalingDecision:
+    """How many replicas the pool should have now."""
+    current = min(max(state.replicas, target.min_replicas), target.max_replicas)
+    demand = state.demand
+    inputs: dict[str, Any] = {
+        "replicas": state.replicas,
+        "demand": demand,
+        "stats_age_s": state.stats_age_s,
+        "target_rate": target.target_rate,
+    }
+    if state.replicas == 0:  # no replica, no stats: only requests queued for it count
+        if state.queued:
+            return ScalingDecision(max(current, 1), "wake", inputs)
+        return ScalingDecision(current, "idle", inputs)
+    if state.stats_age_s > target.max_stats_age_s or not state.stats:
+        return ScalingDecision(current, "stale_stats", inputs)
+    rate = target.target_rate
+    if model is None or rate is None:
+        wanted = math.ceil(demand / target.ongoing_requests_per_replica)
+        wanted = min(max(wanted, target.min_replicas), target.max_replicas)
+        return _cooled(state, current, wanted, "no_model", inputs, target)
+    up = fewest_replicas(model, demand, target, rate)
+    down = fewest_replicas(model, demand, target, rate * (1 + target.hysteresis))
+    inputs |= {"predicted_at_current": _rate(model, demand, state.replicas, target)}
+    if up is None:  # even the most replicas miss the target: as many as requests can use
+        wanted = min(target.max_replicas, max(demand, target.min_replicas, 1))
+        return _cooled(state, current, wanted, "slo_infeasible", inputs, target)
+    if up > current:
+        return _cooled(state, current, up, "scale_up", inputs, target)
+    if down is not None and down < current:
+        return _cooled(state, current, down, "scale_down", inputs, target)
+    return ScalingDecision(current, "hold", inputs)
+
+
+def _rate(model: PoolModel, demand: int, replicas: int, target: PoolScalingTarget) -> float:
+    batch = max(1, math.ceil(demand / max(replicas, 1)))
+    return model.per_user_rate(batch, target.context_tokens)
+
+
+def _cooled(
+    state: PoolScalingState,
+    current: int,
+    wanted: int,
+    reason: str,
+    inputs: dict[str, Any],
+    target: PoolScalingTarget,
+) -> ScalingDecision:
+    """`wanted` unless a cool-down forbids the change now (then `current`)."""
+    last_change = max(
+        (t for t in (state.last_scale_up_s, state.last_scale_down_s) if t is not None),
+        default=None,
+    )
+    if wanted > current and state.last_scale_up_s is not None:
+        if state.now_s - state.last_scale_up_s < target.upscale_cooldown_s:
+            return ScalingDecision(current, "cooldown", inputs | {"wanted": wanted})
+    if wanted < current and last_change is not None:
+        if state.now_s - last_change < target.downscale_cooldown_s:
+            return ScalingDecision(current, "cooldown", inputs | {"wanted": wanted})
+    if wanted == current:
+        return ScalingDecision(current, "hold", inputs)
+    return ScalingDecision(wanted, reason, inputs)
+
+
+def mean_rate(
+    models: Mapping[str, PoolModel],
+    replicas: Mapping[str, int],
+    demand: int,
+    targets: Mapping[str, PoolScalingTarget],
+) -> float:
+    """Mean per-user rate of `demand` requests over two pools with `replicas` each, split
+    between them at best (in steps of whole per-replica batch levels); requests beyond what
+    the replicas run at once count as rate 0 (they wait)."""
+    if demand == 0:
+        return 0.0
+    first, second = sorted(models)
+
+    def pool_total(name: str, requests: int) -> float:
+        count = replicas[name]
+        if requests == 0 or count == 0:
+            return 0.0
+        cap = targets[name].max_batch
+        batch = math.ceil(requests / count)
+        served = min(requests, count * cap) if cap else requests
+        batch = min(batch, cap) if cap else batch
+        return served * models[name].per_user_rate(batch, targets[name].context_tokens)
+
+    splits = {0, demand}
+    count = replicas[first]
+    limit = targets[first].max_batch or demand
+    splits |= {min(demand, count * level) for level in range(1, limit + 1)}
+    best = max(pool_total(first, d) + pool_total(second, demand - d) for d in splits)
+    return best / demand
+
+
+def share_budget(
+    pools: Mapping[str, PoolScalingState],
+    models: Mapping[str, PoolModel | None],
+    budget: int,
+    targets: Mapping[str, PoolScalingTarget],
+    previous: Mapping[str, int] | None = None,
+    hysteresis: float = SHARE_HYSTERESIS,
+) -> dict[str, int]:
+    """Split `budget` replicas between a target's two pools (`pools`, `models`, `targets` by
+    pool name). Each pool keeps its `min_replicas` and at most its `max_replicas`. The split
+    with the highest `mean_rate` for the requests in flight wins (ties: more replicas for the
+    pool listed first in `pools`, the speculative one by convention); it replaces `previous`
+    only when better by `hysteresis` (an idle target returns to it at once). Without a model
+    for each pool: `previous` (or the most the first pool may have)."""
+    names = list(pools)
+    if len(names) != 2:
+        raise ValueError(f"share_budget splits between two pools, got {names}")
+    first, second = names
+    low = {n: targets[n].min_replicas for n in names}
+    splits = [
+        {first: a, second: budget - a}
+        for a in range(low[first], budget - low[second] + 1)
+        if a <= targets[first].max_replicas and budget - a <= targets[second].max_replicas
+    ]
+    if not splits:
+        raise ValueError(f"budget {budget} cannot meet the pools' min/max replicas")
+    if any(models.get(n) is None for n in names):
+        return dict(previous) if previous else splits[-1]
+    demand = sum(state.demand for state in pools.values())
+    fitted = {n: models[n] for n in names}
+    scored = [(mean_rate(fitted, split, demand, targets), split[first]) for split in splits]
+    best_score, best_first = max(scored)
+    best = {first: best_first, second: budget - best_first}
+    if previous and previous in splits and demand:  # idle: straight back to the best
+        kept = mean_rate(fitted, previous, demand, targets)
+        if best_score <= kept * (1 + hysteresis):
+            return dict(previous)
+    return best
+
+
+def _stat(stats: Mapping[str, float], key: str) -> float:
     value = stats.get(key, 0.0)
     try:
         value = float(value)
@@ -67,7 +265,7 @@ def _stat(stats: dict[str, float], key: str) -> float:
     return value if math.isfinite(value) and value > 0 else 0.0
 
 
-def replica_slowdown(stats: dict[str, float]) -> float:
+def replica_slowdown(stats: Mapping[str, float]) -> float:
     """Predicted slowdown of adding one request to a replica (lower is better).
 
     Each request in the batch lengthens every decode step about equally, so the new request's
@@ -78,102 +276,3 @@ def replica_slowdown(stats: dict[str, float]) -> float:
     load = 1.0 + _stat(stats, "running") + 2.0 * _stat(stats, "waiting")
     free_kv = 1.0 - min(_stat(stats, "kv_cache_usage"), KV_FULL)
     return load / free_kv
-
-
-def _capacity(model: Any, target: PoolScalingTarget) -> float:
-    """Requests one replica should hold: the model's answer when it gives one, else the
-    target's. A model is any object with `capacity_per_replica(target) -> float`."""
-    capacity = None
-    if model is not None and hasattr(model, "capacity_per_replica"):
-        capacity = model.capacity_per_replica(target)
-    if capacity is None or not capacity > 0:
-        capacity = target.target_running_per_replica
-    return float(capacity)
-
-
-def desired_replicas(
-    state: PoolScalingState, model: Any, target: PoolScalingTarget
-) -> ScalingDecision:
-    """Replicas a pool should have: its engine load over one replica's capacity, within the
-    bounds, with hysteresis on the way down and a cooldown after each change."""
-    current = state.current_replicas
-    bounds = (target.min_replicas, target.max_replicas)
-    load = sum(_stat(s, "running") + _stat(s, "waiting") for s in state.replica_stats)
-    capacity = _capacity(model, target)
-    inputs: dict[str, Any] = {
-        "current": current,
-        "reporting": len(state.replica_stats),
-        "load": round(load, 3),
-        "capacity_per_replica": round(capacity, 3),
-        "min": bounds[0],
-        "max": bounds[1],
-    }
-
-    def clamp(n: int) -> int:
-        return max(bounds[0], min(bounds[1], n))
-
-    if current == 0:
-        return ScalingDecision(clamp(0), "pool at zero: stays until requests arrive", inputs)
-    if not state.replica_stats:
-        return ScalingDecision(clamp(current), "no fresh stats: hold", inputs)
-    # Replicas without stats are assumed as loaded as the mean reporting one.
-    load *= current / len(state.replica_stats)
-    inputs["load_scaled"] = round(load, 3)
-    wanted = math.ceil(load / capacity) if load > 0 else 0
-    if wanted <= current:  # shrink only with headroom: hysteresis against flapping
-        fits = math.ceil(load / (capacity * DOWNSCALE_HEADROOM)) if load > 0 else 0
-        wanted = min(current, fits)
-    desired = clamp(wanted)
-    if desired != wanted:
-        reason = f"bounds {bounds[0]}..{bounds[1]} (load {load:.1f} wants {wanted})"
-    elif desired > current:
-        reason = f"load {load:.1f} > {current} x {capacity:g}"
-    elif desired < current:
-        reason = f"load {load:.1f} fits {desired} x {capacity:g} x {DOWNSCALE_HEADROOM}"
-    else:
-        reason = "within target"
-    since = None if state.last_change_s is None else state.now_s - state.last_change_s
-    inputs["since_change_s"] = None if since is None else round(since, 1)
-    if desired > current and since is not None and since < target.upscale_cooldown_s:
-        return ScalingDecision(current, f"upscale cooldown ({reason})", inputs)
-    if desired < current and since is not None and since < target.downscale_cooldown_s:
-        return ScalingDecision(current, f"downscale cooldown ({reason})", inputs)
-    return ScalingDecision(desired, reason, inputs)
-
-
-def share_budget(
-    pools: dict[str, PoolScalingState],
-    models: dict[str, Any] | None,
-    budget: int,
-    targets: dict[str, PoolScalingTarget] | None = None,
-) -> dict[str, int]:
-    """Replicas per pool when the pools together may hold at most `budget`.
-
-    Each pool first gets what `desired_replicas` wants; if the sum exceeds the budget, every
-    pool keeps its `min_replicas` and the rest of the budget goes out in proportion to what
-    each pool wants above its minimum (largest remainders first, ties by name). A budget
-    smaller than the minimums gives each pool its minimum (minimums are never broken)."""
-    targets = targets or {}
-    models = models or {}
-    wanted = {
-        name: desired_replicas(
-            state, models.get(name), targets.get(name, PoolScalingTarget())
-        ).replicas
-        for name, state in pools.items()
-    }
-    if sum(wanted.values()) <= budget:
-        return wanted
-    minimum = {name: targets.get(name, PoolScalingTarget()).min_replicas for name in pools}
-    extra = {name: max(0, wanted[name] - minimum[name]) for name in pools}
-    left = max(0, budget - sum(minimum.values()))
-    total_extra = sum(extra.values())
-    shares = {name: left * extra[name] / total_extra if total_extra else 0.0 for name in pools}
-    result = {name: minimum[name] + math.floor(shares[name]) for name in pools}
-    remaining = left - sum(math.floor(s) for s in shares.values())
-    for name in sorted(pools, key=lambda n: (-(shares[n] - math.floor(shares[n])), n)):
-        if remaining <= 0:
-            break
-        if result[name] < wanted[name]:
-            result[name] += 1
-            remaining -= 1
-    return result

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 from cluster.autoscale.policy import (
@@ -77,12 +78,14 @@ def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolSc
         }
         if values:
             stats.append(values)
-    changes = [t for t in (ctx.last_scale_up_time, ctx.last_scale_down_time) if t is not None]
+    fresh = [t for t in latest.values() if now - t <= stale_after_s]
     return PoolScalingState(
-        current_replicas=ctx.current_num_replicas,
-        replica_stats=stats,
+        replicas=ctx.current_num_replicas,
+        stats=stats,
         now_s=now,
-        last_change_s=max(changes) if changes else None,
+        stats_at_s=max(fresh) if stats and fresh else None,
+        last_scale_up_s=ctx.last_scale_up_time,
+        last_scale_down_s=ctx.last_scale_down_time,
     )
 
 
@@ -92,9 +95,10 @@ def pool_target(ctx: Any, kwargs: dict[str, Any]) -> PoolScalingTarget:
     return PoolScalingTarget(
         min_replicas=ctx.capacity_adjusted_min_replicas,
         max_replicas=ctx.capacity_adjusted_max_replicas,
-        target_running_per_replica=float(
-            kwargs.get("target_running_per_replica", defaults.target_running_per_replica)
+        ongoing_requests_per_replica=float(
+            kwargs.get("target_running_per_replica", defaults.ongoing_requests_per_replica)
         ),
+        max_stats_age_s=float(kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)),
         upscale_cooldown_s=float(kwargs.get("upscale_cooldown_s", defaults.upscale_cooldown_s)),
         downscale_cooldown_s=float(
             kwargs.get("downscale_cooldown_s", defaults.downscale_cooldown_s)
@@ -127,7 +131,9 @@ def _log_decision(
 def _decide(ctx: Any, model: Any, kwargs: dict[str, Any]) -> ScalingDecision:
     try:
         state = pool_state(ctx, float(kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)))
-        return desired_replicas(state, model, pool_target(ctx, kwargs))
+        decision = desired_replicas(state, model, pool_target(ctx, kwargs))
+        # How many replicas fed the decision: the proof that Serve's metrics reached it.
+        return replace(decision, inputs={**decision.inputs, "reporting": len(state.stats)})
     except Exception as error:  # a policy must never raise into Serve's controller
         logger.exception(f"{DECISION_LOG_PREFIX}{ctx.deployment_name} policy failed")
         replicas = ctx.target_num_replicas

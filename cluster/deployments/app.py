@@ -276,6 +276,7 @@ def build_app(config: ClusterConfig):
         routing=config.routing,
         telemetry=config.telemetry,
         app_name=config.server.app_name,
+        profile=config.resolve_path(config.routing.profile) if config.routing.profile else None,
     )
 
 

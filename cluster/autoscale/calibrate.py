@@ -1,0 +1,124 @@
+"""`cluster calibrate CONFIG`: the calibration profile of a deployment's pools.
+
+Each pool is measured as a single-pool benchmark configuration (`cluster bench`): a pool with
+no speculation is `none`, an EAGLE 3 pool `eagle3.1` (with the pool's drafter, depth and
+schedule), an n-gram pool `ngram`. `--from-run` reads finished runs; without it a short sweep
+runs first through the benchmark harness itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cluster.autoscale.model import CalibrationProfile, PoolSpeculation
+from cluster.config import ClusterConfig, PoolConfig, load_config
+
+SWEEP = {
+    "contexts": "1024,2048",
+    "concurrency": "1,4,16",
+    "repeats": "2",
+    "warmup": "1",
+    "output-tokens": "128",
+    "max-context-in-flight": "16384",
+}
+"""The short sweep (`cluster bench` options): about 30 minutes per pool on 2 CPU cores."""
+SWEEP_OUT = "benchmarks/results/calibrate"
+
+
+def bench_config_of(pool: PoolConfig) -> str:
+    """The single-pool benchmark configuration that measures `pool`."""
+    method = pool.speculation.method
+    return {"none": "none", "ngram": "ngram", "eagle3": "eagle3.1"}[method]
+
+
+def default_pool_of_config(config: ClusterConfig) -> dict[str, str]:
+    """bench config -> pool, for the first target's pools."""
+    target = config.targets[0].id
+    return {bench_config_of(p): p.name for p in config.pools if p.target == target}
+
+
+def profile_from_runs(
+    config: ClusterConfig, runs: list[Path], pool_of_config: dict[str, str]
+) -> CalibrationProfile:
+    """Points from `runs`; each pool's speculation as `config` deploys it (the runs may have
+    measured another schedule; the points record the depth each measured)."""
+    profile = CalibrationProfile.combine(
+        [CalibrationProfile.from_bench_run(run, pool_of_config) for run in runs]
+    )
+    for pool in config.pools:
+        if pool.name in pool_of_config.values():
+            profile.pools[pool.name] = PoolSpeculation.from_config(pool.speculation)
+    return profile
+
+
+def sweep_argv(config_path: Path, config: ClusterConfig, bench_configs: list[str]) -> list[str]:
+    """`cluster bench` arguments of the short sweep that measures every pool as deployed."""
+    argv = ["bench", "--config", str(config_path), "--configs", ",".join(bench_configs)]
+    for option, value in SWEEP.items():
+        argv += [f"--{option}", value]
+    argv += ["--out", SWEEP_OUT]
+    for pool in config.pools:
+        spec = pool.speculation
+        if spec.method == "eagle3":
+            argv += ["--drafter", f"eagle3.1={config.resolve_path(spec.drafter)}"]
+        if spec.num_speculative_tokens:
+            argv += ["-k", str(spec.num_speculative_tokens)]
+        if spec.num_speculative_tokens_per_batch_size:
+            schedule = [list(r) for r in spec.num_speculative_tokens_per_batch_size]
+            argv += ["--schedule", json.dumps(schedule)]
+    return argv
+
+
+def run_sweep(config_path: Path, config: ClusterConfig, bench_configs: list[str]) -> Path:
+    """Run the sweep with `cluster bench` and return its run directory."""
+    from cluster.cli import main
+
+    before = set(Path(SWEEP_OUT).glob("*"))
+    code = main(sweep_argv(config_path, config, bench_configs))
+    if code != 0:
+        raise SystemExit(code)
+    return max(set(Path(SWEEP_OUT).glob("*")) - before)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    config_path = Path(args.file)
+    config = load_config(config_path)
+    pool_of_config = default_pool_of_config(config)
+    for item in args.pool:
+        pool, _, bench = item.partition("=")
+        pool_of_config = {b: p for b, p in pool_of_config.items() if p != pool} | {bench: pool}
+    runs = [Path(r) for r in args.from_run] or [run_sweep(config_path, config, [*pool_of_config])]
+    profile = profile_from_runs(config, runs, pool_of_config)
+    out = Path(args.out or config_path.parent / "profiles" / f"{config_path.stem}.yaml")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(out)
+    print(f"wrote {out}: {len(profile.points)} points, pools {', '.join(sorted(profile.pools))}")
+    return 0
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:
+    sweep = " ".join(f"--{option} {value}" for option, value in SWEEP.items())
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="measure each pool (or read benchmark runs) into the performance model's profile",
+        description="Write the calibration profile routing and autoscaling predict from: per "
+        "pool, per-user decode rate, TTFT and acceptance per draft position at each context "
+        "length and concurrency. With --from-run, read finished `cluster bench` runs; without, "
+        f"run a short sweep first (`cluster bench {sweep}`).",
+    )
+    calibrate.add_argument("file", metavar="CONFIG", help="cluster YAML")
+    calibrate.add_argument(
+        "--from-run", action="append", default=[], metavar="RUN",
+        help="a `cluster bench` run directory (repeatable; points of all runs are kept)",
+    )  # fmt: skip
+    calibrate.add_argument(
+        "--pool", action="append", default=[], metavar="POOL=BENCH_CONFIG",
+        help="measure POOL by another benchmark configuration (default: none, eagle3.1 or "
+        "ngram after the pool's speculation method)",
+    )  # fmt: skip
+    calibrate.add_argument(
+        "--out", help="profile file (default: profiles/<config name>.yaml next to CONFIG)"
+    )
+    calibrate.set_defaults(func=_cmd_calibrate)

@@ -1,0 +1,161 @@
+"""Autoscaling decisions (pure): per-pool desired replicas and the budget split."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cluster.autoscale.model import PerformanceModel
+from cluster.autoscale.policy import (
+    PoolScalingState,
+    PoolScalingTarget,
+    desired_replicas,
+    fewest_replicas,
+    mean_rate,
+    share_budget,
+)
+
+PROFILE = Path(__file__).resolve().parent.parent / "configs" / "profiles" / "embedded.yaml"
+MODELS = PerformanceModel.load(PROFILE).pools
+SPEC, THR = MODELS["speculative"], MODELS["throughput"]
+# 8 tok/s per user at 1k context: the throughput pool holds it up to ~4 requests a replica.
+TARGET = PoolScalingTarget(
+    min_replicas=1, max_replicas=8, target_per_user_tok_s=8.0, max_batch=16,
+    upscale_cooldown_s=30, downscale_cooldown_s=300,
+)  # fmt: skip
+
+
+def busy(replicas: int, per_replica: int, now: float = 1000.0, **kw) -> PoolScalingState:
+    stats = [{"running": float(per_replica), "waiting": 0.0}] * replicas
+    return PoolScalingState(replicas, stats, now_s=now, stats_at_s=now - 1, **kw)
+
+
+def test_target_rate_from_tpot_slo():
+    assert PoolScalingTarget(tpot_slo_s=0.25).target_rate == 4
+    assert PoolScalingTarget(target_per_user_tok_s=3, tpot_slo_s=0.25).target_rate == 3
+    assert PoolScalingTarget().target_rate is None
+
+
+@pytest.mark.parametrize("demand", [0, 1, 4, 9, 20, 40])
+def test_fewest_replicas_is_the_smallest_count_meeting_the_target(demand):
+    n = fewest_replicas(THR, demand, TARGET, TARGET.target_rate)
+    assert n is not None
+    batch = -(-demand // n)
+    assert batch == 0 or THR.per_user_rate(batch, 1024) >= 8.0
+    if n > TARGET.min_replicas:
+        fewer = -(-demand // (n - 1))
+        assert THR.per_user_rate(fewer, 1024) < 8.0
+
+
+@pytest.mark.parametrize(
+    ("state", "target", "replicas", "reason"),
+    [
+        # Load beyond what one replica holds at 8 tok/s: up to the fewest that do.
+        (busy(1, 20), TARGET, fewest_replicas(THR, 20, TARGET, 8.0), "scale_up"),
+        # Within the band: hold.
+        (busy(2, 3), TARGET, 2, "hold"),
+        # Idle for long: down to the minimum.
+        (busy(4, 0), TARGET, 1, "scale_down"),
+        # Stale stats: hold, whatever they say.
+        (replace(busy(1, 20), stats_at_s=900.0), TARGET, 1, "stale_stats"),
+        (PoolScalingState(2, [], now_s=1000.0, stats_at_s=None), TARGET, 2, "stale_stats"),
+        # Pool at zero: wakes for a queued request, else stays.
+        (PoolScalingState(0, queued=1, now_s=1000.0), replace(TARGET, min_replicas=0), 1, "wake"),
+        (PoolScalingState(0, now_s=1000.0), replace(TARGET, min_replicas=0), 0, "idle"),
+        # A target no count meets (even one request alone is slower): as many as requests.
+        (busy(1, 3), replace(TARGET, target_per_user_tok_s=1000.0), 3, "slo_infeasible"),
+        # No model: Ray-like ongoing-requests target (4 per replica).
+        (busy(1, 10), TARGET, 3, "no_model"),
+        # Scale-up within its cool-down: hold.
+        (busy(1, 20, last_scale_up_s=990.0), TARGET, 1, "cooldown"),
+        # Scale-down within its cool-down (counted from the last change of either kind).
+        (busy(4, 0, last_scale_up_s=800.0), TARGET, 4, "cooldown"),
+        (busy(4, 0, last_scale_up_s=600.0), TARGET, 1, "scale_down"),
+        # The range bounds the answer.
+        (busy(1, 200), replace(TARGET, max_replicas=3), 3, "slo_infeasible"),
+    ],
+)
+def test_desired_replicas(state, target, replicas, reason):
+    model = None if reason == "no_model" else THR
+    decision = desired_replicas(state, model, target)
+    assert (decision.replicas, decision.reason) == (replicas, reason)
+    assert decision.inputs["demand"] == state.demand
+
+
+def test_queued_requests_count_as_demand():
+    state = busy(1, 2, queued=18)
+    assert state.demand == 20
+    assert desired_replicas(state, THR, TARGET).replicas == fewest_replicas(THR, 20, TARGET, 8.0)
+
+
+def test_flapping_load_does_not_flap_replicas():
+    """Load oscillating around a boundary: one scale-up, then holds (band + cool-downs)."""
+    replicas, last_up, last_down, changes = 1, None, None, 0
+    boundary = next(d for d in range(1, 100) if fewest_replicas(THR, d, TARGET, 8.0) == 2)
+    for step in range(120):
+        now = 1000.0 + 10 * step
+        demand = boundary if step % 2 else boundary - 1
+        stats = [{"running": demand / replicas, "waiting": 0.0}] * replicas
+        state = PoolScalingState(replicas, stats, now, now - 1, 0, last_up, last_down)
+        decision = desired_replicas(state, THR, TARGET)
+        if decision.replicas != replicas:
+            changes += 1
+            if decision.replicas > replicas:
+                last_up = now
+            else:
+                last_down = now
+            replicas = decision.replicas
+    assert changes == 1 and replicas == 2
+
+
+BOTH = {"speculative": replace(TARGET, min_replicas=1), "throughput": replace(TARGET)}
+
+
+def split(demand: int, previous=None, budget: int = 4) -> dict[str, int]:
+    pools = {
+        "speculative": busy(1, demand // 2),
+        "throughput": busy(1, demand - demand // 2),
+    }
+    return share_budget(pools, MODELS, budget, BOTH, previous)
+
+
+def test_budget_moves_to_throughput_as_concurrency_rises_and_back():
+    shares = [split(d)["speculative"] for d in (1, 4, 16, 48)]
+    assert shares == sorted(shares, reverse=True)
+    assert shares[0] > shares[-1]
+    assert all(sum(split(d).values()) == 4 for d in (1, 4, 16, 48))
+
+
+def test_budget_split_is_the_best_mean_rate():
+    best = split(16)
+    rate = mean_rate(MODELS, best, 16, BOTH)
+    for spec in range(1, 4):
+        other = {"speculative": spec, "throughput": 4 - spec}
+        assert mean_rate(MODELS, other, 16, BOTH) <= rate + 1e-9
+
+
+def test_budget_keeps_the_previous_split_unless_clearly_better():
+    best = split(16)
+    step = 1 if best["throughput"] > BOTH["throughput"].min_replicas else -1
+    near = {"speculative": best["speculative"] + step, "throughput": best["throughput"] - step}
+    gain = mean_rate(MODELS, best, 16, BOTH) / mean_rate(MODELS, near, 16, BOTH) - 1
+    kept = split(16, previous=near)
+    assert kept == (near if gain <= 0.05 else best)
+    # Idle: straight back to the speculative pool.
+    assert split(0, previous={"speculative": 1, "throughput": 3}) == {
+        "speculative": 3, "throughput": 1,
+    }  # fmt: skip
+
+
+def test_budget_without_models_keeps_what_it_had():
+    pools = {"speculative": busy(1, 1), "throughput": busy(1, 1)}
+    models = {"speculative": SPEC, "throughput": None}
+    previous = {"speculative": 2, "throughput": 2}
+    assert share_budget(pools, models, 4, BOTH, previous) == previous
+
+
+def test_budget_that_cannot_meet_the_minimums_is_refused():
+    with pytest.raises(ValueError):
+        split(4, budget=1)

@@ -217,12 +217,30 @@ def build_parser() -> argparse.ArgumentParser:
         "write benchmarks/results/reliability.json (exit 1 if a target is missed)",
     )
     _config_arg(reliability, required=True)
-    reliability.add_argument("--out", default="benchmarks/results/reliability.json")
     reliability.add_argument(
-        "--capacity", type=int, default=4, help="requests per replica admitted (no queue)"
+        "--out",
+        default="benchmarks/results/reliability.json",
+        help="where the JSON result goes (default %(default)s)",
     )
-    reliability.add_argument("--kills", type=int, default=3, help="replica SIGKILLs under load")
-    reliability.add_argument("--concurrency", type=int, default=8, help="closed-loop streams")
+    reliability.add_argument(
+        "--capacity",
+        type=int,
+        default=4,
+        help="requests admitted per replica, no queue, so that 4x overload is small enough to "
+        "offer from one machine (default %(default)s)",
+    )
+    reliability.add_argument(
+        "--kills",
+        type=int,
+        default=3,
+        help="pool replicas SIGKILLed while streams run, one at a time (default %(default)s)",
+    )
+    reliability.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="closed-loop clients during the kills (default %(default)s)",
+    )
     reliability.set_defaults(func=_cmd_reliability)
 
     keys = commands.add_parser("keys", help="API keys")

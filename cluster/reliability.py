@@ -15,12 +15,12 @@ runs four phases and writes `benchmarks/results/reliability.json`:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,19 +31,11 @@ from typing import Any
 import requests
 import yaml
 
-from cluster.launcher import ServeProcess
+from cluster.launcher import ServeProcess, session_processes
 from cluster.request.auth import hash_key
 
 OUT = Path("benchmarks/results/reliability.json")
 SHORT = [{"role": "user", "content": "Count from one to twenty in words."}]
-
-REPLICA_PIDS = """
-import json, ray
-from ray.util.state import list_actors
-ray.init(address="auto", log_to_driver=False)
-print(json.dumps({a.class_name: a.pid for a in list_actors(filters=[("state", "=", "ALIVE")])
-                  if a.class_name.startswith("ServeReplica:")}))
-"""
 
 
 class Client:
@@ -255,11 +247,17 @@ def _stream_outcome(client: Client, stream: bool) -> str:
     return "ok" if got_done else "silent"
 
 
-def _replica_pids() -> dict[str, int]:
-    driver = subprocess.run(
-        [sys.executable, "-c", REPLICA_PIDS], capture_output=True, text=True, timeout=120
-    )
-    return json.loads(driver.stdout.strip().splitlines()[-1]) if driver.returncode == 0 else {}
+def _replica_pids(session_id: int) -> dict[str, int]:
+    """Pool replica actors of the cluster's session by process title
+    (`ray::ServeReplica:<app>:<deployment>`), read from /proc: a Ray driver asking the state
+    API takes minutes to start on 2 busy cores."""
+    pids = {}
+    for pid in session_processes(session_id):
+        with contextlib.suppress(OSError):
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            if title.startswith("ray::ServeReplica:") and ":pool-" in title:
+                pids[title.split()[0]] = pid
+    return pids
 
 
 def _wait_all_running(base: str, timeout_s: float = 600) -> None:
@@ -272,7 +270,7 @@ def _wait_all_running(base: str, timeout_s: float = 600) -> None:
     raise TimeoutError("a killed replica was not replaced")
 
 
-def fault_phase(client: Client, kills: int, concurrency: int) -> dict:
+def fault_phase(client: Client, session_id: int, kills: int, concurrency: int) -> dict:
     outcomes: list[str] = []
     stop = threading.Event()
 
@@ -286,17 +284,19 @@ def fault_phase(client: Client, kills: int, concurrency: int) -> dict:
     with ThreadPoolExecutor(concurrency) as pool:
         for i in range(concurrency):
             pool.submit(loop, i)
-        for kill in range(kills):
-            time.sleep(5)  # let streams get going
-            pids = _replica_pids()
-            victims = sorted(k for k in pids if "pool-" in k)
-            if victims:
-                os.kill(pids[victims[kill % len(victims)]], signal.SIGKILL)
-                done += 1
+        try:
+            for kill in range(kills):
+                time.sleep(5)  # let streams get going
+                pids = _replica_pids(session_id)
+                victims = sorted(pids)
+                if victims:
+                    os.kill(pids[victims[kill % len(victims)]], signal.SIGKILL)
+                    done += 1
+                time.sleep(5)
+                _wait_all_running(client.base_url)
             time.sleep(5)
-            _wait_all_running(client.base_url)
-        time.sleep(5)
-        stop.set()
+        finally:  # however the kills end, the clients stop (or the pool never shuts down)
+            stop.set()
     return {
         "replica_kills": done,
         "requests": len(outcomes),
@@ -339,7 +339,7 @@ def run(
         user = Client(srv.base_url, keys["user"], model)
         replicas = sum(p.get("autoscaling", {}).get("max_replicas", 1) for p in data["pools"])
         result = {
-            "faults": fault_phase(user, kills, concurrency),
+            "faults": fault_phase(user, os.getsid(srv.process.pid), kills, concurrency),
             "overload": overload_phase(user, capacity * replicas, factor, unloaded_n),
             "bad_inputs": bad_input_phase(user),
             "auth": auth_phase(srv.base_url, keys, model, Path(logs.group(1)) if logs else None),

@@ -276,3 +276,18 @@ def replica_slowdown(stats: Mapping[str, float]) -> float:
     load = 1.0 + _stat(stats, "running") + 2.0 * _stat(stats, "waiting")
     free_kv = 1.0 - min(_stat(stats, "kv_cache_usage"), KV_FULL)
     return load / free_kv
+
+
+def fit_to_budget(
+    wanted: Mapping[str, int], mins: Mapping[str, int], budget: int
+) -> dict[str, int]:
+    """Each pool's wanted replicas, cut until they fit `budget`: one replica at a time from the
+    pool furthest above its minimum (ties: the later name), never below a minimum."""
+    replicas = dict(wanted)
+    while sum(replicas.values()) > budget:
+        spare = {n: r - mins.get(n, 0) for n, r in replicas.items() if r > mins.get(n, 0)}
+        if not spare:
+            break
+        most = max(spare.values())
+        replicas[max(n for n, s in spare.items() if s == most)] -= 1
+    return replicas

@@ -32,6 +32,7 @@ from cluster.autoscale.policy import (
     PoolScalingTarget,
     ScalingDecision,
     desired_replicas,
+    fit_to_budget,
     share_budget,
 )
 
@@ -207,13 +208,21 @@ class BudgetAutoscalingPolicy:
                         "stale_after_s", DEFAULT_STALE_AFTER_S)))
                     for d in members
                 }  # fmt: skip
-                shared = share_budget(
-                    {str(d): s for d, s in states.items()},
-                    {str(d): self.models.get(ours[d].deployment_name) for d in members},
-                    int(budget),
-                    {str(d): pool_target(ours[d], self.pools[ours[d].deployment_name])
-                     for d in members},
-                )  # fmt: skip
+                targets = {
+                    str(d): pool_target(ours[d], self.pools[ours[d].deployment_name])
+                    for d in members
+                }
+                models = {str(d): self.models.get(ours[d].deployment_name) for d in members}
+                if all(models.values()):
+                    shared = share_budget(
+                        {str(d): s for d, s in states.items()}, models, int(budget), targets
+                    )
+                else:  # no model to compare the pools: each pool's own want, cut to fit
+                    shared = fit_to_budget(
+                        {str(d): decisions[d].replicas for d in members},
+                        {name: t.min_replicas for name, t in targets.items()},
+                        int(budget),
+                    )
             except Exception:
                 logger.exception(f"{DECISION_LOG_PREFIX}* share_budget failed for {group!r}")
                 continue

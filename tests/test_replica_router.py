@@ -5,6 +5,7 @@ objects (no Ray cluster: only the actor-handle lookup is replaced)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import time
 
@@ -99,8 +100,12 @@ def running_replica(monkeypatch):
 
 
 def pending() -> PendingRequest:
+    # Its own future, not one of a loop an earlier `asyncio.run` closed (test order).
     return PendingRequest(
-        args=[], kwargs={}, metadata=RequestMetadata(request_id="r", internal_request_id="i")
+        args=[],
+        kwargs={},
+        metadata=RequestMetadata(request_id="r", internal_request_id="i"),
+        future=concurrent.futures.Future(),
     )
 
 

@@ -68,6 +68,16 @@ class TargetConfig(_Strict):
     trust_remote_code: bool = False
     """Let vLLM/transformers run model code shipped with the checkpoint (Kimi needs it)."""
 
+    replica_budget: int | None = Field(default=None, ge=1)
+    """Most replicas this target's pools may hold together (e.g. the GPUs you can get divided
+    by `accelerators_per_replica`). Set: an application-level autoscaling policy
+    (`cluster.autoscale.ray_policy.BudgetAutoscalingPolicy`, Serve's app config
+    `autoscaling_policy`) sizes every pool of the application with the `model` policy and
+    shares the budget between the target's pools in proportion to what each wants above its
+    minimum; Serve then ignores the per-pool policies. Only a declarative deploy applies it
+    (the KubeRay `serveConfigV2`; Serve's `serve.run`, which `cluster serve` uses, has no such
+    option: there each pool keeps its own policy and `max_replicas`). None: no shared budget."""
+
     content_part_types: list[str] = Field(default_factory=lambda: ["text"])
     """Chat content part types the ingress accepts (`text`; add `image_url`, `input_audio`
     for a multimodal target). Any other part is refused with a 400 naming it."""
@@ -190,6 +200,29 @@ class AutoscalingConfig(_Strict):
     downscale_delay_s: float = Field(default=600, ge=0)
     """How long load must stay low before removing replicas (GPU replicas are slow to start)."""
 
+    policy: Literal["ray_default", "model"] = "ray_default"
+    """Who decides the replica count. `ray_default`: Serve's own policy, ongoing requests per
+    replica against `target_ongoing_requests`. `model`: our policy
+    (`cluster.autoscale.ray_policy.PoolAutoscalingPolicy`) on the engine stats the replicas
+    report (running, waiting, KV usage, acceptance), steering towards
+    `target_running_per_replica`; each decision is logged with its inputs in the Serve
+    controller log. Serve's bounds and `upscale_delay_s` / `downscale_delay_s` apply to both."""
+
+    target_running_per_replica: float = Field(default=8, gt=0)
+    """`model` policy: engine requests (running + waiting) one replica should hold; more adds
+    replicas, and the pool shrinks once its load fits fewer replicas at 70% of this."""
+
+    upscale_cooldown_s: float = Field(default=30, ge=0)
+    """`model` policy: least time after a replica-count change before it adds replicas."""
+
+    downscale_cooldown_s: float = Field(default=300, ge=0)
+    """`model` policy: least time after a replica-count change before it removes replicas
+    (removal drains: see `graceful_shutdown_timeout_s`)."""
+
+    stale_stats_s: float = Field(default=35, gt=0)
+    """`model` policy: a replica's stats older than this are ignored (Serve pushes them every
+    10 s); with no fresh stats at all the pool holds its size."""
+
     @property
     def replicas_at_deploy(self) -> int:
         return self.initial_replicas if self.initial_replicas is not None else self.min_replicas
@@ -255,6 +288,17 @@ class PoolConfig(_Strict):
     graceful_shutdown_wait_loop_s: float = Field(default=2, gt=0)
     """Drain: how often a draining replica checks whether its requests are done."""
 
+    replica_router: Literal["power_of_two", "least_slowdown"] = "power_of_two"
+    """How a request picks a replica inside the pool. `power_of_two`: Serve's default (two
+    random replicas, the shorter queue wins). `least_slowdown`: the replica with the lowest
+    predicted slowdown from its engine stats (running, waiting, KV usage;
+    `cluster.deployments.replica_router`), power-of-two while any replica's stats are missing
+    or stale."""
+
+    replica_stats_period_s: float = Field(default=2, gt=0)
+    """How often Serve pulls each replica's routing stats (`request_routing_stats_period_s`);
+    `least_slowdown` treats stats older than 3 periods plus 5 s as stale."""
+
     stream_batching_interval_ms: float = Field(default=50, ge=0)
     """Ray Serve LLM coalesces a stream's chunks over this many milliseconds before sending
     them on (its `experimental_configs` knob; Ray's default is 50). Fewer, larger messages
@@ -275,14 +319,36 @@ class PoolConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
-    """Rule v1 for choosing a pool per request."""
+    """Pool choice per request (`cluster/routing.py`): by the performance model when `profile`
+    is set, else rule v1 (prompt length and the speculative pool's load)."""
+
+    profile: str | None = None
+    """Calibration profile (`cluster calibrate`), relative to the config file: with it, each
+    request goes to the pool with the highest predicted per-user rate under current load.
+    None: rule v1."""
+
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    """With a profile: only pools predicted to start the response within this many seconds are
+    candidates (the closest is taken when none is). None: no TTFT objective."""
+
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    """With a profile: only pools predicted to decode at least one token per this many seconds
+    per user are candidates. None: no TPOT objective."""
+
+    max_stats_age_s: float = Field(default=10, gt=0)
+    """Pool load older than this is stale: rule v1 decides instead of the model."""
+
+    cold_start_s: float = Field(default=60, ge=0)
+    """With a profile: the wait for a first replica of a pool at zero, added to its predicted
+    TTFT and spread over the request's output in its predicted rate."""
 
     long_context_tokens: int = Field(default=1024, ge=1)
-    """Prompts with at least this many tokens are candidates for the speculative pool."""
+    """Rule v1: prompts with at least this many tokens are candidates for the speculative
+    pool."""
 
     spec_max_concurrency_per_replica: float = Field(default=4, gt=0)
-    """The speculative pool takes long prompts while its in-flight requests per replica stay
-    below this (speculation stops paying off once the batch is compute-bound)."""
+    """Rule v1: the speculative pool takes long prompts while its in-flight requests per
+    replica stay below this (speculation stops paying off once the batch is compute-bound)."""
 
     pool_status_refresh_s: float = Field(default=1.0, gt=0)
     """How often the ingress refreshes the pools' running replica counts."""
@@ -444,6 +510,12 @@ class ClusterConfig(_Strict):
             if not any(p.target == target.id for p in self.pools):
                 raise ValueError(f"targets[{i}].id: no pool serves target {target.id!r}")
             _check_parallelism(i, target, [p for p in self.pools if p.target == target.id])
+            floor = sum(p.autoscaling.min_replicas for p in self.pools if p.target == target.id)
+            if target.replica_budget is not None and target.replica_budget < floor:
+                raise ValueError(
+                    f"targets[{i}].replica_budget: {target.replica_budget} is below the "
+                    f"pools' min_replicas together ({floor})"
+                )
         return self
 
     def target(self, target_id: str) -> TargetConfig:
@@ -462,15 +534,16 @@ def is_local_path(location: str) -> bool:
 
 
 def map_local_paths(config_data: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any]:
-    """A copy of config data (the YAML mapping) with each local target source and drafter path
-    passed through `convert`; URIs and embedded sources stay as they are."""
+    """A copy of config data (the YAML mapping) with each local target source, drafter path and
+    routing profile passed through `convert`; URIs and embedded sources stay as they are."""
     data = copy.deepcopy(config_data)
     holders = [
         *data.get("targets", []),
         *(p.get("speculation") or {} for p in data.get("pools", [])),
+        data.get("routing") or {},
     ]
     for holder in holders:
-        for key in ("source", "drafter"):
+        for key in ("source", "drafter", "profile"):
             if isinstance(holder.get(key), str) and is_local_path(holder[key]):
                 holder[key] = convert(holder[key])
     return data
@@ -538,7 +611,7 @@ def parse_config(
         raise ConfigError(_format_errors(source, error)) from None
     config._base_dir = base_dir or Path.cwd()
     config._source = source
-    problems = drafter_problems(config)
+    problems = drafter_problems(config) + profile_problems(config)
     if problems:
         raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
     return config
@@ -566,6 +639,14 @@ def drafter_problems(config: ClusterConfig) -> list[str]:
             target = spec.read_target_config(target_dir)
         problems += [f"{field}: {problem}" for problem in spec.validate(path, target)]
     return problems
+
+
+def profile_problems(config: ClusterConfig) -> list[str]:
+    """A routing profile that is named must exist (rule v1 would silently take over)."""
+    profile = config.routing.profile
+    if profile is None or Path(config.resolve_path(profile)).is_file():
+        return []
+    return [f"routing.profile: {profile}: no such file"]
 
 
 def load_config(path: str | Path | None = None) -> ClusterConfig:

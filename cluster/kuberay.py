@@ -285,7 +285,7 @@ def _head(config: ClusterConfig, name: str, image: str, service_account: str) ->
 
 
 def _serve_config(config: ClusterConfig) -> dict[str, Any]:
-    from cluster.deployments.app import INGRESS_DEPLOYMENT, ingress_options
+    from cluster.deployments.app import INGRESS_DEPLOYMENT, app_autoscaling_policy, ingress_options
 
     options = ingress_options(config)
     ingress = {
@@ -294,17 +294,19 @@ def _serve_config(config: ClusterConfig) -> dict[str, Any]:
         "ray_actor_options": {**options["ray_actor_options"], "resources": {INGRESS_RESOURCE: 1}},
         "graceful_shutdown_timeout_s": options["graceful_shutdown_timeout_s"],
     }
+    application = {
+        "name": config.server.app_name,
+        "route_prefix": "/",
+        "import_path": "cluster.deployments.app:app_builder",
+        "args": {"config": serve_args_config(config)},
+        "deployments": [ingress],
+    }
+    policy = app_autoscaling_policy(config)
+    if policy is not None:  # replica budgets: only a declarative deploy takes an app policy
+        application["autoscaling_policy"] = policy
     return {
         "http_options": {"host": "0.0.0.0", "port": config.server.port},
-        "applications": [
-            {
-                "name": config.server.app_name,
-                "route_prefix": "/",
-                "import_path": "cluster.deployments.app:app_builder",
-                "args": {"config": serve_args_config(config)},
-                "deployments": [ingress],
-            }
-        ],
+        "applications": [application],
     }
 
 

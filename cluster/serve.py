@@ -81,6 +81,13 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
             f"{', '.join(p.name for p in config.pools)} (logs: {logs}/serve)",
             flush=True,
         )
+        if any(t.replica_budget is not None for t in config.targets):
+            print(
+                "WARNING: targets[].replica_budget needs Serve's application-level autoscaling "
+                "policy, which only a declarative deploy applies (cluster render kuberay); "
+                "here each pool scales on its own policy within its max_replicas.",
+                flush=True,
+            )
         serve.run(build_app(config), name=config.server.app_name, route_prefix="/")
         _wait_ready(f"{base}/readyz", READY_TIMEOUT_S)
         model = config.targets[0].id

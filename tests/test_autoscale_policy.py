@@ -13,6 +13,7 @@ from cluster.autoscale.policy import (
     PoolScalingTarget,
     desired_replicas,
     fewest_replicas,
+    fit_to_budget,
     mean_rate,
     share_budget,
 )
@@ -159,3 +160,16 @@ def test_budget_without_models_keeps_what_it_had():
 def test_budget_that_cannot_meet_the_minimums_is_refused():
     with pytest.raises(ValueError):
         split(4, budget=1)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "mins", "budget", "expected"),
+    [
+        ({"spec": 3, "tp": 4}, {"spec": 1, "tp": 1}, 10, {"spec": 3, "tp": 4}),
+        ({"spec": 3, "tp": 4}, {"spec": 1, "tp": 1}, 4, {"spec": 2, "tp": 2}),
+        ({"spec": 3, "tp": 4}, {"spec": 1, "tp": 1}, 1, {"spec": 1, "tp": 1}),
+        ({"spec": 0, "tp": 5}, {"spec": 0, "tp": 2}, 3, {"spec": 0, "tp": 3}),
+    ],
+)
+def test_fit_to_budget_cuts_the_pool_furthest_above_its_minimum(wanted, mins, budget, expected):
+    assert fit_to_budget(wanted, mins, budget) == expected

@@ -16,7 +16,11 @@ SHIPPED_DRAFTER = CONFIGS.parent / "drafters" / "smollm2-135m-instruct-eagle3.1"
 
 
 def embedded_data() -> dict:
-    return yaml.safe_load((CONFIGS / "embedded.yaml").read_text())
+    """The embedded preset's data, its routing profile made absolute (tests parse it from
+    elsewhere)."""
+    data = yaml.safe_load((CONFIGS / "embedded.yaml").read_text())
+    data["routing"]["profile"] = str(CONFIGS / data["routing"]["profile"])
+    return data
 
 
 def test_both_presets_exist():
@@ -137,6 +141,14 @@ def test_invalid_yaml_and_missing_file_name_the_file(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_a_missing_routing_profile_is_named():
+    data = embedded_data()
+    data["routing"]["profile"] = "profiles/nope.yaml"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, "c.yaml", CONFIGS)
+    assert str(caught.value) == "c.yaml: routing.profile: profiles/nope.yaml: no such file"
+
+
 def test_relative_paths_resolve_against_the_config_file(tmp_path):
     # a real drafter must be there: the config validates it against the target when it loads
     shutil.copytree(SHIPPED_DRAFTER, tmp_path / "drafters" / "mine")
@@ -160,3 +172,18 @@ def test_cli_render_prints_what_will_be_deployed(capsys):
     assert speculative_config["model"] == str(SHIPPED_DRAFTER)
     assert spec["placement_group_config"]["bundles"] == [{"CPU": 1}]
     assert spec["deployment_config"]["autoscaling_config"]["min_replicas"] == 1
+
+
+def test_replica_budget_cannot_break_the_pools_minimums():
+    from cluster.config import ConfigError, parse_config
+
+    data = {
+        "targets": [{"id": "m", "source": "/models/m", "replica_budget": 1}],
+        "pools": [
+            {"name": "s", "target": "m", "role": "speculative",
+             "speculation": {"method": "ngram", "num_speculative_tokens": 3}},
+            {"name": "t", "target": "m", "role": "throughput"},
+        ],
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match=r"targets\[0\]\.replica_budget: 1 is below"):
+        parse_config(data)

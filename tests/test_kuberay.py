@@ -272,3 +272,24 @@ def test_checkov_kubernetes_checks_pass(preset, tmp_path):
     path.write_text(yaml.safe_dump_all(_as_checkov_input(documents, "ray")))
     summary = run_checkov("-f", str(path), "--framework", "kubernetes")
     assert summary["passed"] > 50
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_serve_config_is_valid_for_serve_and_carries_the_budget_policy(preset):
+    from ray.serve._private.autoscaling_state import _resolve_policy_callable
+    from ray.serve.config import AutoscalingPolicy
+    from ray.serve.schema import ServeDeploySchema
+
+    from cluster.autoscale.ray_policy import BudgetAutoscalingPolicy
+
+    config, documents = render(preset)
+    ServeDeploySchema.model_validate(yaml.safe_load(documents[0]["spec"]["serveConfigV2"]))
+    policy = serve_app(documents).get("autoscaling_policy")
+    if all(t.replica_budget is None for t in config.targets):
+        assert policy is None
+        return
+    # What Serve's controller does with the app config's `autoscaling_policy`.
+    instance = _resolve_policy_callable(AutoscalingPolicy(**policy))
+    assert isinstance(instance, BudgetAutoscalingPolicy)
+    assert instance.budgets == {t.id: t.replica_budget for t in config.targets}
+    assert set(instance.pools) == {f"pool-{p.name}" for p in config.pools}

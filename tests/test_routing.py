@@ -1,48 +1,194 @@
-"""Routing rule v1 (pure policy)."""
+"""Pool choice (pure policy): rule v1, and the model-based choice with its fallbacks."""
+
+from pathlib import Path
 
 import pytest
 
+from cluster.autoscale.model import PerformanceModel, PoolModel, PoolSpeculation
 from cluster.config import RoutingConfig
-from cluster.routing import PoolLoad, Reason, choose_pool
+from cluster.routing import Decision, PoolLoad, Reason, RequestFeatures, choose_pool
 
+PROFILE = Path(__file__).resolve().parent.parent / "configs" / "profiles" / "embedded.yaml"
 RULE = RoutingConfig(long_context_tokens=1000, spec_max_concurrency_per_replica=4)
-IDLE = PoolLoad(running_replicas=1, in_flight=0)
-DOWN = PoolLoad(running_replicas=0, in_flight=0)
+SPEC, THR = "speculative", "throughput"
+
+
+def load(role, replicas=1, in_flight=0, **kw) -> PoolLoad:
+    return PoolLoad(role, replicas, in_flight, **kw)
+
+
+def loads(spec: PoolLoad | None, thr: PoolLoad | None) -> dict[str, PoolLoad]:
+    return {name: value for name, value in ((SPEC, spec), (THR, thr)) if value is not None}
+
+
+IDLE_S, IDLE_T = load(SPEC), load(THR)
+DOWN_S, DOWN_T = load(SPEC, 0), load(THR, 0)
 
 
 @pytest.mark.parametrize(
-    ("tokens", "spec", "thr", "role", "reason"),
+    ("tokens", "spec", "thr", "pool", "reason"),
     [
-        (999, IDLE, IDLE, "throughput", Reason.SHORT_PROMPT),
-        (1000, IDLE, IDLE, "speculative", Reason.LONG_CONTEXT),
-        (5000, PoolLoad(1, 3), IDLE, "speculative", Reason.LONG_CONTEXT),
-        (5000, PoolLoad(1, 4), IDLE, "throughput", Reason.SPEC_SATURATED),
+        (999, IDLE_S, IDLE_T, THR, Reason.SHORT_PROMPT),
+        (1000, IDLE_S, IDLE_T, SPEC, Reason.LONG_CONTEXT),
+        (5000, load(SPEC, 1, 3), IDLE_T, SPEC, Reason.LONG_CONTEXT),
+        (5000, load(SPEC, 1, 4), IDLE_T, THR, Reason.SPEC_SATURATED),
         # per replica: 7 in flight over 2 replicas is 3.5 < 4
-        (5000, PoolLoad(2, 7), IDLE, "speculative", Reason.LONG_CONTEXT),
-        (5000, PoolLoad(2, 8), IDLE, "throughput", Reason.SPEC_SATURATED),
-        (5000, DOWN, IDLE, "throughput", Reason.SPEC_POOL_DOWN),
-        (10, IDLE, DOWN, "speculative", Reason.THROUGHPUT_POOL_DOWN),
-        (10, None, IDLE, "throughput", Reason.SPEC_POOL_DOWN),
-        (10, IDLE, None, "speculative", Reason.THROUGHPUT_POOL_DOWN),
+        (5000, load(SPEC, 2, 7), IDLE_T, SPEC, Reason.LONG_CONTEXT),
+        (5000, load(SPEC, 2, 8), IDLE_T, THR, Reason.SPEC_SATURATED),
+        (5000, DOWN_S, IDLE_T, THR, Reason.SPEC_POOL_DOWN),
+        (10, IDLE_S, DOWN_T, SPEC, Reason.THROUGHPUT_POOL_DOWN),
+        (10, None, IDLE_T, THR, Reason.SPEC_POOL_DOWN),
+        (10, IDLE_S, None, SPEC, Reason.THROUGHPUT_POOL_DOWN),
         # both down: the normal preference, so the caller sees the pool's own answer
-        (10, DOWN, DOWN, "throughput", Reason.SHORT_PROMPT),
+        (10, DOWN_S, DOWN_T, THR, Reason.SHORT_PROMPT),
     ],
 )
-def test_choose_pool(tokens, spec, thr, role, reason):
-    decision = choose_pool(tokens, spec, thr, RULE)
-    assert (decision.role, decision.reason) == (role, reason)
+def test_rule_v1_without_a_model(tokens, spec, thr, pool, reason):
+    decision = choose_pool(RequestFeatures(tokens), loads(spec, thr), None, RULE)
+    assert (decision.pool, decision.role, decision.reason) == (pool, pool, reason)
+    assert decision.predicted == {} and decision.header == reason.value
 
 
-def test_saturated_spec_pool_with_busy_throughput_pool_still_offloads():
-    decision = choose_pool(5000, PoolLoad(1, 10), PoolLoad(1, 100), RULE)
-    assert decision.role == "throughput"
-
-
-def test_pool_at_zero_that_scales_from_zero_gets_its_requests():
-    cold = PoolLoad(running_replicas=0, in_flight=0, scales_from_zero=True)
-    assert choose_pool(5000, cold, IDLE, RULE).role == "speculative"
-    assert choose_pool(10, IDLE, cold, RULE).role == "throughput"
+def test_pool_at_zero_that_scales_from_zero_gets_its_requests_under_the_rule():
+    cold_s, cold_t = load(SPEC, 0, scales_from_zero=True), load(THR, 0, scales_from_zero=True)
+    assert choose_pool(RequestFeatures(5000), loads(cold_s, IDLE_T), None, RULE).pool == SPEC
+    assert choose_pool(RequestFeatures(10), loads(IDLE_S, cold_t), None, RULE).pool == THR
     # once the woken pool's first replica counts, its load is per replica as usual
-    assert choose_pool(5000, PoolLoad(0, 4, scales_from_zero=True), IDLE, RULE).reason == (
+    busy = load(SPEC, 0, 4, scales_from_zero=True)
+    assert choose_pool(RequestFeatures(5000), loads(busy, IDLE_T), None, RULE).reason == (
         Reason.SPEC_SATURATED
     )
+
+
+def test_a_target_without_pools_is_an_error():
+    with pytest.raises(ValueError):
+        choose_pool(RequestFeatures(10), {}, None, RULE)
+
+
+@pytest.fixture(scope="module")
+def model() -> PerformanceModel:
+    return PerformanceModel.load(PROFILE)
+
+
+def expected_rates(model, request, spec: PoolLoad, thr: PoolLoad) -> dict[str, float]:
+    return {
+        name: model.pools[name].per_user_rate(
+            pool_load.batch_with(1), request.prompt_tokens, request.max_tokens
+        )
+        for name, pool_load in ((SPEC, spec), (THR, thr))
+    }
+
+
+@pytest.mark.parametrize(
+    ("tokens", "spec", "thr"),
+    [
+        (2048, IDLE_S, IDLE_T),
+        (200, IDLE_S, IDLE_T),
+        (2048, load(SPEC, 1, 3), IDLE_T),
+        (2048, load(SPEC, 1, 15), IDLE_T),
+        (1024, load(SPEC, 2, 30), load(THR, 1, 2)),
+        (1024, IDLE_S, load(THR, 1, 20)),
+    ],
+)
+def test_model_picks_the_pool_predicted_fastest_with_the_request_added(model, tokens, spec, thr):
+    request = RequestFeatures(tokens)
+    decision = choose_pool(request, loads(spec, thr), model, RULE)
+    rates = expected_rates(model, request, spec, thr)
+    assert decision.predicted == pytest.approx(rates)
+    assert decision.pool == max(rates, key=rates.get)
+    assert decision.reason == Reason.PREDICTED_FASTER
+
+
+def test_speculation_wins_idle_and_loses_when_its_pool_is_loaded(model):
+    request = RequestFeatures(2048)
+    assert choose_pool(request, loads(IDLE_S, IDLE_T), model, RULE).pool == SPEC
+    loaded = choose_pool(request, loads(load(SPEC, 1, 12), load(THR, 1, 2)), model, RULE)
+    assert loaded.pool == THR
+
+
+def test_header_carries_reason_and_predictions():
+    decision = Decision(SPEC, SPEC, Reason.PREDICTED_FASTER, {THR: 9.84, SPEC: 12.31})
+    assert decision.header == "predicted_faster; speculative=12.3 throughput=9.8"
+
+
+def test_stale_stats_fall_back_to_the_rule(model):
+    stale = load(SPEC, stats_age_s=RULE.max_stats_age_s + 1)
+    decision = choose_pool(RequestFeatures(5000), loads(stale, IDLE_T), model, RULE)
+    assert (decision.pool, decision.reason, decision.predicted) == (SPEC, Reason.STALE_STATS, {})
+    short = choose_pool(RequestFeatures(10), loads(stale, IDLE_T), model, RULE)
+    assert (short.pool, short.reason) == (THR, Reason.STALE_STATS)
+
+
+def test_a_model_without_one_of_the_pools_falls_back_to_the_rule(model):
+    partial = PerformanceModel({SPEC: model.pools[SPEC]})
+    decision = choose_pool(RequestFeatures(5000), loads(IDLE_S, IDLE_T), partial, RULE)
+    assert (decision.pool, decision.reason) == (SPEC, Reason.NO_MODEL)
+
+
+@pytest.mark.parametrize(
+    ("spec", "thr", "pool", "reason"),
+    [
+        (DOWN_S, IDLE_T, THR, Reason.SPEC_POOL_DOWN),
+        (IDLE_S, DOWN_T, SPEC, Reason.THROUGHPUT_POOL_DOWN),
+        (IDLE_S, None, SPEC, Reason.THROUGHPUT_POOL_DOWN),
+    ],
+)
+def test_pool_down_with_a_model(model, spec, thr, pool, reason):
+    decision = choose_pool(RequestFeatures(10), loads(spec, thr), model, RULE)
+    assert (decision.pool, decision.reason) == (pool, reason)
+
+
+def test_cold_pool_is_a_candidate_with_its_cold_start(model):
+    cold = load(SPEC, 0, scales_from_zero=True)
+    request = RequestFeatures(2048, max_tokens=100)
+    instant = RoutingConfig(cold_start_s=0)
+    assert choose_pool(request, loads(cold, IDLE_T), model, instant).pool == SPEC
+    slow = RoutingConfig(cold_start_s=60)
+    decision = choose_pool(request, loads(cold, IDLE_T), model, slow)
+    warm_rate = model.pools[SPEC].per_user_rate(1, 2048, 100)
+    assert decision.predicted[SPEC] == pytest.approx(100 / (60 + 100 / warm_rate))
+    assert decision.pool == THR
+
+
+def test_slo_excludes_the_faster_pool(model):
+    request = RequestFeatures(2048)
+    spec_ttft = model.pools[SPEC].ttft_s(1, 2048)
+    thr_ttft = model.pools[THR].ttft_s(1, 2048)
+    assert spec_ttft != thr_ttft
+    # An SLO between the two TTFTs leaves only the pool that starts sooner.
+    between = RoutingConfig(ttft_slo_s=(spec_ttft + thr_ttft) / 2)
+    decision = choose_pool(request, loads(IDLE_S, IDLE_T), model, between)
+    sooner = SPEC if spec_ttft < thr_ttft else THR
+    assert decision.pool == sooner
+    free = choose_pool(request, loads(IDLE_S, IDLE_T), model, RULE)
+    assert decision.reason == (Reason.PREDICTED_FASTER if free.pool == sooner else Reason.SLO)
+
+
+@pytest.mark.parametrize("slo", ["ttft", "tpot"])
+def test_slo_infeasible_takes_the_closest_pool(model, slo):
+    request = RequestFeatures(2048)
+    config = RoutingConfig(**{f"{slo}_slo_s": 1e-4})
+    decision = choose_pool(request, loads(IDLE_S, IDLE_T), model, config)
+    assert decision.reason == Reason.SLO_INFEASIBLE
+    if slo == "tpot":  # the closest to a TPOT SLO is the fastest decoder
+        assert decision.pool == max(decision.predicted, key=decision.predicted.get)
+    else:
+        ttfts = {n: model.pools[n].ttft_s(1, 2048) for n in (SPEC, THR)}
+        assert decision.pool == min(ttfts, key=ttfts.get)
+
+
+def test_ties_go_to_the_throughput_pool():
+    same = PoolModel(
+        step_coefficients=(0.05, 0, 0, 0, 0, 0),
+        ttft_coefficients=(0, 1, 0),
+        speculation=PoolSpeculation(),
+    )
+    model = PerformanceModel({SPEC: same, THR: same})
+    decision = choose_pool(RequestFeatures(5000), loads(IDLE_S, IDLE_T), model, RULE)
+    assert decision.pool == THR
+
+
+def test_batch_counts_the_request_and_is_capped_per_replica():
+    assert load(SPEC, 2, 6).batch_with(1) == 4
+    assert load(SPEC, 1, 40, max_batch=16).batch_with(1) == 16
+    assert load(SPEC, 0, 0, scales_from_zero=True).batch_with(1) == 1

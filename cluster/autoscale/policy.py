@@ -23,6 +23,10 @@ from typing import Any
 
 from cluster.autoscale.model import PoolModel
 
+KV_FULL = 0.95
+"""KV cache usage treated as full: the free fraction a slowdown divides by never drops below
+`1 - KV_FULL`, so a full replica scores 20x worse rather than infinitely."""
+
 SHARE_HYSTERESIS = 0.05
 """`share_budget` moves replicas only for a mean per-user rate this much higher."""
 
@@ -250,3 +254,40 @@ def share_budget(
         if best_score <= kept * (1 + hysteresis):
             return dict(previous)
     return best
+
+
+def _stat(stats: Mapping[str, float], key: str) -> float:
+    value = stats.get(key, 0.0)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
+
+
+def replica_slowdown(stats: Mapping[str, float]) -> float:
+    """Predicted slowdown of adding one request to a replica (lower is better).
+
+    Each request in the batch lengthens every decode step about equally, so the new request's
+    cost grows with `running + 1`; each waiting request is ahead of it in the scheduler queue
+    and counts twice (it adds its prefill and then its decode). The result is divided by the
+    free KV cache fraction: near a full cache new requests wait or preempt others.
+    """
+    load = 1.0 + _stat(stats, "running") + 2.0 * _stat(stats, "waiting")
+    free_kv = 1.0 - min(_stat(stats, "kv_cache_usage"), KV_FULL)
+    return load / free_kv
+
+
+def fit_to_budget(
+    wanted: Mapping[str, int], mins: Mapping[str, int], budget: int
+) -> dict[str, int]:
+    """Each pool's wanted replicas, cut until they fit `budget`: one replica at a time from the
+    pool furthest above its minimum (ties: the later name), never below a minimum."""
+    replicas = dict(wanted)
+    while sum(replicas.values()) > budget:
+        spare = {n: r - mins.get(n, 0) for n, r in replicas.items() if r > mins.get(n, 0)}
+        if not spare:
+            break
+        most = max(spare.values())
+        replicas[max(n for n, s in spare.items() if s == most)] -= 1
+    return replicas

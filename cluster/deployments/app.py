@@ -92,6 +92,57 @@ def _runtime_env(target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
     return {"env_vars": env} if env else {}
 
 
+POOL_POLICY = "cluster.autoscale.ray_policy:PoolAutoscalingPolicy"
+LEAST_SLOWDOWN_ROUTER = "cluster.deployments.replica_router:LeastSlowdownRouter"
+POWER_OF_TWO_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+"""Serve's default router, spelled as Serve's `DEFAULT_REQUEST_ROUTER_PATH` (so Serve still
+treats it as its default) and named so a render shows it."""
+
+
+def pool_policy_kwargs(pool: PoolConfig) -> dict[str, Any]:
+    """`policy_kwargs` of a pool's `model` autoscaling policy (plain JSON)."""
+    scaling = pool.autoscaling
+    return {
+        "target_running_per_replica": scaling.target_running_per_replica,
+        "upscale_cooldown_s": scaling.upscale_cooldown_s,
+        "downscale_cooldown_s": scaling.downscale_cooldown_s,
+        "stale_after_s": scaling.stale_stats_s,
+    }
+
+
+BUDGET_POLICY = "cluster.autoscale.ray_policy:BudgetAutoscalingPolicy"
+
+
+def app_autoscaling_policy(config: ClusterConfig) -> dict[str, Any] | None:
+    """Serve's application-level `autoscaling_policy` (plain data) when a target has a
+    `replica_budget`; it decides for every pool, so each pool gets the `model` policy's
+    kwargs whatever its own `autoscaling.policy` says."""
+    budgets = {t.id: t.replica_budget for t in config.targets if t.replica_budget is not None}
+    if not budgets:
+        return None
+    pools = {
+        pool_deployment_name(p): {"group": p.target, **pool_policy_kwargs(p)} for p in config.pools
+    }
+    return {
+        "policy_function": BUDGET_POLICY,
+        "policy_kwargs": {"pools": pools, "budgets": budgets},
+    }
+
+
+def request_router_config(pool: PoolConfig) -> dict[str, Any]:
+    """Serve's `RequestRouterConfig` of a pool (its replica choice), as plain data."""
+    if pool.replica_router == "power_of_two":
+        return {
+            "request_router_class": POWER_OF_TWO_ROUTER,
+            "request_routing_stats_period_s": pool.replica_stats_period_s,
+        }
+    return {
+        "request_router_class": LEAST_SLOWDOWN_ROUTER,
+        "request_router_kwargs": {"stale_after_s": 3 * pool.replica_stats_period_s + 5},
+        "request_routing_stats_period_s": pool.replica_stats_period_s,
+    }
+
+
 def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, Any]:
     """The `LLMConfig` of a pool as plain data (what `config render` prints)."""
     target = config.target(pool.target)
@@ -104,6 +155,11 @@ def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, A
         "upscale_delay_s": scaling.upscale_delay_s,
         "downscale_delay_s": scaling.downscale_delay_s,
     }
+    if scaling.policy == "model":
+        autoscaling_config["policy"] = {
+            "policy_function": POOL_POLICY,
+            "policy_kwargs": pool_policy_kwargs(pool),
+        }
     llm_config = {
         "model_loading_config": {
             # Every pool of a target serves it under the target id, so requests pass through
@@ -121,6 +177,7 @@ def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, A
             "max_queued_requests": pool.max_ongoing_requests + pool.max_queued_requests,
             "graceful_shutdown_timeout_s": pool.graceful_shutdown_timeout_s,
             "graceful_shutdown_wait_loop_s": pool.graceful_shutdown_wait_loop_s,
+            "request_router_config": request_router_config(pool),
         },
         "runtime_env": _runtime_env(target, pool),
         "experimental_configs": {"stream_batching_interval_ms": pool.stream_batching_interval_ms},
@@ -171,6 +228,7 @@ def render(config: ClusterConfig) -> dict[str, Any]:
         "application": config.server.app_name,
         "http": {"host": config.server.host, "port": config.server.port},
         "ingress": {**ingress_options(config), "routing": config.routing.model_dump()},
+        "autoscaling_policy": app_autoscaling_policy(config),
         "pools": {
             pool.name: {
                 "target": pool.target,
@@ -218,6 +276,7 @@ def build_app(config: ClusterConfig):
         routing=config.routing,
         telemetry=config.telemetry,
         app_name=config.server.app_name,
+        profile=config.resolve_path(config.routing.profile) if config.routing.profile else None,
     )
 
 

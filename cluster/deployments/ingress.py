@@ -28,13 +28,14 @@ from ray.serve import metrics
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from cluster.autoscale.model import PerformanceModel
 from cluster.config import RoutingConfig, ServerConfig, TelemetryConfig
 from cluster.request import protocol, streaming
 from cluster.request.admission import Slot
 from cluster.request.auth import ADMIN, INFERENCE, KeyStore
 from cluster.request.dispatch import PoolClient, PoolRef
 from cluster.request.errors import ApiError
-from cluster.routing import PoolLoad, choose_pool
+from cluster.routing import PoolLoad, RequestFeatures, choose_pool
 from cluster.telemetry import TRACER_NAME, RequestTrace, make_tracer_provider
 
 logger = logging.getLogger("ray.serve")
@@ -81,6 +82,11 @@ def _load_tokenizer(path: str | None):
         return None
 
 
+def _max_tokens(body: Any) -> int | None:
+    """The request's output limit (chat's newer field first), if it set one."""
+    return getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
+
+
 def make_app(server: ServerConfig) -> FastAPI:
     """The FastAPI app: no CORS unless origins are listed; every error in OpenAI's shape."""
     app = FastAPI(title="cluster", docs_url=None, redoc_url=None, openapi_url=None)
@@ -122,6 +128,7 @@ def ingress_class(server: ServerConfig) -> type:
             routing: RoutingConfig,
             telemetry: TelemetryConfig,
             app_name: str,
+            profile: str | None = None,
         ):
             self._server, self._routing, self._app_name = server, routing, app_name
             self._keys = KeyStore.load(server.auth, keys_file)
@@ -132,6 +139,8 @@ def ingress_class(server: ServerConfig) -> type:
             self._targets = {t.id: t for t in targets}
             self._encoders = {t.id: _load_tokenizer(t.tokenizer) for t in targets}
             self._pool_of_role = {(p.target, p.role): p.name for p in pools}
+            # The calibrated model (absolute path from the app builder); None: rule v1.
+            self._model = PerformanceModel.load(profile) if profile else None
             self._tracer = make_tracer_provider(telemetry).get_tracer(TRACER_NAME)
             self._created = int(time.time())
             self._routed: Counter = Counter()  # requests this ingress replica sent to each pool
@@ -183,9 +192,9 @@ def ingress_class(server: ServerConfig) -> type:
             except ApiError as error:
                 return self._reject(error, headers)
             trace = RequestTrace(self._tracer, request.headers, kind)
-            pool, reason = await self._route(target.id, prompt_tokens)
-            trace.record_route(pool, reason, prompt_tokens)
-            headers.update({POOL_HEADER: pool, REASON_HEADER: reason,
+            pool, reason, explained = await self._route(target.id, body, prompt_tokens)
+            trace.record_route(pool, explained, prompt_tokens)
+            headers.update({POOL_HEADER: pool, REASON_HEADER: explained,
                             TRACE_HEADER: trace.trace_id})  # fmt: skip
             self._record(request_id, target.id, pool, reason, prompt_tokens, key_name, trace)
             other = self._other_pool(pool)
@@ -278,23 +287,25 @@ def ingress_class(server: ServerConfig) -> type:
                 )  # fmt: skip
             return self._targets[model]
 
-        async def _route(self, target: str, prompt_tokens: int) -> tuple[str, str]:
+        async def _route(self, target: str, body: Any, prompt_tokens: int) -> tuple[str, str, str]:
+            """(pool, reason, reason with the predicted rates for the header and trace)."""
             await self._pools.ready(self._app_name, self._routing.pool_status_refresh_s)
             loads = {
-                role: self._load(name)
+                name: self._load(name, role)
                 for (t, role), name in self._pool_of_role.items()
                 if t == target
             }
-            decision = choose_pool(
-                prompt_tokens, loads.get("speculative"), loads.get("throughput"), self._routing
-            )
-            pool = self._pool_of_role[(target, decision.role)]
-            self._routed[pool] += 1
-            return pool, decision.reason.value
+            request = RequestFeatures(prompt_tokens, _max_tokens(body))
+            decision = choose_pool(request, loads, self._model, self._routing)
+            self._routed[decision.pool] += 1
+            return decision.pool, decision.reason.value, decision.header
 
-        def _load(self, pool: str) -> PoolLoad:
+        def _load(self, pool: str, role: str) -> PoolLoad:
             gate = self._pools.gates[pool]
-            return PoolLoad(gate.running_replicas, gate.in_flight, gate.scales_from_zero)
+            return PoolLoad(
+                role, gate.running_replicas, gate.in_flight, gate.scales_from_zero,
+                stats_age_s=gate.status_age_s, max_batch=gate.per_replica,
+            )  # fmt: skip
 
         def _record(self, request_id, target, pool, reason, prompt_tokens, key_name, trace):
             self._decisions.inc(tags={"target": target, "pool": pool, "reason": reason})

@@ -8,7 +8,10 @@ requests, KV cache usage and speculation counters reach Serve's request router
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,13 @@ from ray.serve.llm import LLMConfig, LLMServer
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from cluster.autoscale.signals import EngineStats
+from cluster.deployments.replica_router import STATS_TIME_KEY
 from cluster.speculation import SpecCounters
 
 TRUST_DRAFTER_CODE_ENV = "CLUSTER_TRUST_DRAFTER_CODE"
 """Set to 1 in a pool's runtime env when its config trusts the drafter's S3 source."""
+
+logger = logging.getLogger("ray.serve")
 
 
 class EngineStatsLogger(AggregateStatLoggerBase):
@@ -102,6 +108,22 @@ def _refuse_invalid_drafter(drafter: str, target: str, trusted: bool) -> None:
         raise ValueError("drafter failed validation:\n" + "\n".join(problems))
 
 
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Only plain finite floats: numpy scalars, bools, None, NaN and infinities are dropped or
+    converted, so Serve's type check and the controller's averages always accept them."""
+    clean = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(key, str):
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            clean[key] = number
+    return clean
+
+
 class PoolServer(LLMServer):
     """`LLMServer` plus engine signals for routing and autoscaling, and S3 weight staging."""
 
@@ -116,10 +138,25 @@ class PoolServer(LLMServer):
         return logger.stats if logger is not None else EngineStats()
 
     async def record_routing_stats(self) -> dict[str, Any]:
-        return {**await super().record_routing_stats(), **self.engine_stats().as_metrics()}
+        """Stats for the pool's request router (`replica_router`), with the time they were taken
+        so a router can tell stale ones."""
+        return {
+            **await super().record_routing_stats(),
+            **finite_metrics(self.engine_stats().as_metrics()),
+            STATS_TIME_KEY: time.time(),
+        }
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        return self.engine_stats().as_metrics()
+        """Stats for custom autoscaling policies (`cluster.autoscale.ray_policy`).
+
+        Serve checks the first result only and, if it is not a dict of int/float, disables the
+        hook for the replica's lifetime (one error log, no retry); so this never returns
+        anything else, and never raises."""
+        try:
+            return finite_metrics(self.engine_stats().as_metrics())
+        except Exception:
+            logger.exception("record_autoscaling_stats failed; reporting nothing this time")
+            return {}
 
     async def stats(self) -> dict[str, float]:
         """Handle method for operators and benchmarks: this replica's signals."""

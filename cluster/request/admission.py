@@ -12,6 +12,8 @@ when the response (or stream) ends, however it ends.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections import deque
 
 from cluster.request.errors import ApiError
@@ -46,6 +48,7 @@ class PoolGate:
         self.scales_from_zero = scales_from_zero
         self.running_replicas = 0
         self.in_flight = 0
+        self._status_at: float | None = None  # monotonic time of the last replica count
         self._waiters: deque[asyncio.Future] = deque()
 
     @property
@@ -62,8 +65,14 @@ class PoolGate:
         """No replica runs; requests let in now wait in Serve for one to start."""
         return self.running_replicas == 0
 
+    @property
+    def status_age_s(self) -> float:
+        """Seconds since the replica count was refreshed (inf before the first refresh)."""
+        return math.inf if self._status_at is None else time.monotonic() - self._status_at
+
     def set_replicas(self, running: int) -> None:
         self.running_replicas = running
+        self._status_at = time.monotonic()
         if self.capacity == 0:  # the pool went down: waiters may find another pool
             while self._waiters:
                 waiter = self._waiters.popleft()

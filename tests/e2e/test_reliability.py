@@ -32,6 +32,9 @@ def test_pool_at_zero_replicas_wakes_for_its_first_request():
     speculative = next(p for p in data["pools"] if p["role"] == "speculative")
     speculative["autoscaling"] = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0}
     speculative["queue_timeout_s"] = 600  # a CPU replica loads in about a minute
+    # Rule v1's wake-up (the model path is unit-tested: a cold pool is chosen only when its
+    # cold start pays off against the warm pool, which an idle cluster never does).
+    data["routing"].pop("profile")
     with ServeProcess(data, base_dir=EMBEDDED.parent) as serve:
         pools = requests.get(f"{serve.base_url}/readyz", timeout=30).json()["pools"]
         assert pools["speculative"]["running_replicas"] == 0

@@ -1,0 +1,248 @@
+"""Ray Serve autoscaling policies over `cluster.autoscale.policy` (thin adapters).
+
+Serve's controller calls a deployment's policy every control-loop tick (0.1 s) with an
+`AutoscalingContext`; `PoolAutoscalingPolicy` turns that context into a `PoolScalingState`
+(from the engine stats each replica reports with `record_autoscaling_stats`) and returns
+`desired_replicas(...)`. `BudgetAutoscalingPolicy` is the application-level form (Serve's app
+config `autoscaling_policy`): it sees every pool at once and shares a replica budget per target
+with `share_budget`. Serve applies its own bounds, scaling factors and
+`upscale_delay_s`/`downscale_delay_s` on top of what these return.
+
+Both are classes so Serve instantiates them once, with `policy_kwargs` (plain JSON). Neither
+may raise: an exception in a policy aborts the controller's whole application update, every
+tick; a failing decision falls back to Ray's default policy and is logged.
+
+Every decision is logged on the `ray.serve` logger (the controller's Serve log) when the
+replica count or the reason changes, and at least every `log_interval_s`:
+`autoscale pool=<deployment> replicas=<current>-><decision> reason=<...> inputs=<json>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from dataclasses import replace
+from typing import Any
+
+from cluster.autoscale.policy import (
+    PoolScalingState,
+    PoolScalingTarget,
+    ScalingDecision,
+    desired_replicas,
+    fit_to_budget,
+    share_budget,
+)
+
+logger = logging.getLogger("ray.serve")
+
+DECISION_LOG_PREFIX = "autoscale pool="
+"""Start of each logged decision (tests and operators grep for it)."""
+
+DEFAULT_STALE_AFTER_S = 35.0
+"""A replica's stats older than this are ignored: Serve pushes replica metrics every 10 s
+(`RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S`), so three missed pushes."""
+
+_STATE_KEY = "cluster"
+"""Our key in Serve's per-deployment policy state (Serve keeps its own keys beside it)."""
+
+
+def _latest_timestamps(ctx: Any) -> dict[Any, float]:
+    """Newest sample time of each replica's custom metrics (`ctx.raw_metrics`:
+    {metric: {replica_id: [TimeStampedValue]}})."""
+    latest: dict[Any, float] = {}
+    for series_by_replica in (ctx.raw_metrics or {}).values():
+        for replica_id, series in series_by_replica.items():
+            if series:
+                latest[replica_id] = max(latest.get(replica_id, 0.0), series[-1].timestamp)
+    return latest
+
+
+def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolScalingState:
+    """A `PoolScalingState` from Serve's `AutoscalingContext`: one stats dict per running replica
+    that reported within `stale_after_s` (`ctx.aggregated_metrics` is {metric: {replica_id:
+    value averaged over look_back_period_s}})."""
+    now = ctx.current_time if ctx.current_time is not None else time.time()
+    aggregated = ctx.aggregated_metrics or {}
+    latest = _latest_timestamps(ctx)
+    stats = []
+    for replica_id in ctx.running_replicas:
+        reported = latest.get(replica_id)
+        if reported is None or now - reported > stale_after_s:
+            continue
+        values = {
+            name: float(by_replica[replica_id])
+            for name, by_replica in aggregated.items()
+            if replica_id in by_replica
+        }
+        if values:
+            stats.append(values)
+    fresh = [t for t in latest.values() if now - t <= stale_after_s]
+    return PoolScalingState(
+        replicas=ctx.current_num_replicas,
+        stats=stats,
+        now_s=now,
+        stats_at_s=max(fresh) if stats and fresh else None,
+        last_scale_up_s=ctx.last_scale_up_time,
+        last_scale_down_s=ctx.last_scale_down_time,
+    )
+
+
+def pool_target(ctx: Any, kwargs: dict[str, Any]) -> PoolScalingTarget:
+    """Bounds from the context (capacity-adjusted by Serve), the rest from `policy_kwargs`."""
+    defaults = PoolScalingTarget()
+    return PoolScalingTarget(
+        min_replicas=ctx.capacity_adjusted_min_replicas,
+        max_replicas=ctx.capacity_adjusted_max_replicas,
+        ongoing_requests_per_replica=float(
+            kwargs.get("target_running_per_replica", defaults.ongoing_requests_per_replica)
+        ),
+        max_stats_age_s=float(kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)),
+        upscale_cooldown_s=float(kwargs.get("upscale_cooldown_s", defaults.upscale_cooldown_s)),
+        downscale_cooldown_s=float(
+            kwargs.get("downscale_cooldown_s", defaults.downscale_cooldown_s)
+        ),
+    )
+
+
+def _ray_default(ctx: Any) -> int:
+    from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
+
+    replicas, _ = replica_queue_length_autoscaling_policy(ctx)
+    return math.ceil(replicas)
+
+
+def _log_decision(
+    pool: str, current: int, decision: ScalingDecision, memo: dict[str, Any], interval_s: float
+) -> dict[str, Any]:
+    """Log when the decision changes or `interval_s` passed; returns the new memo."""
+    now = time.time()
+    key = f"{decision.replicas}|{decision.reason}"
+    if memo.get("key") != key or now - memo.get("at", 0.0) >= interval_s:
+        logger.info(
+            f"{DECISION_LOG_PREFIX}{pool} replicas={current}->{decision.replicas} "
+            f"reason={decision.reason} inputs={json.dumps(decision.inputs, sort_keys=True)}"
+        )
+        return {"key": key, "at": now}
+    return memo
+
+
+def _decide(ctx: Any, model: Any, kwargs: dict[str, Any]) -> ScalingDecision:
+    try:
+        state = pool_state(ctx, float(kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)))
+        decision = desired_replicas(state, model, pool_target(ctx, kwargs))
+        # How many replicas fed the decision: the proof that Serve's metrics reached it.
+        return replace(decision, inputs={**decision.inputs, "reporting": len(state.stats)})
+    except Exception as error:  # a policy must never raise into Serve's controller
+        logger.exception(f"{DECISION_LOG_PREFIX}{ctx.deployment_name} policy failed")
+        replicas = ctx.target_num_replicas
+        try:
+            replicas = _ray_default(ctx)
+        except Exception:
+            pass
+        low, high = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
+        with contextlib.suppress(TypeError):
+            replicas = max(low, min(high, replicas))
+        return ScalingDecision(
+            replicas, f"fallback to Ray's default policy ({type(error).__name__}: {error})"
+        )
+
+
+class PoolAutoscalingPolicy:
+    """Deployment-level policy of one pool (`AutoscalingPolicy(policy_function=
+    "cluster.autoscale.ray_policy:PoolAutoscalingPolicy", policy_kwargs={...})`).
+
+    kwargs: `target_running_per_replica`, `upscale_cooldown_s`, `downscale_cooldown_s`,
+    `stale_after_s`, `log_interval_s` (see `PoolScalingTarget`)."""
+
+    def __init__(self, **kwargs: Any):
+        self.kwargs = kwargs
+        self.model = None
+        self.log_interval_s = float(kwargs.get("log_interval_s", 60.0))
+
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        decision = _decide(ctx, self.model, self.kwargs)
+        state = dict(ctx.policy_state or {})
+        state[_STATE_KEY] = _log_decision(
+            ctx.deployment_name,
+            ctx.current_num_replicas,
+            decision,
+            state.get(_STATE_KEY) or {},
+            self.log_interval_s,
+        )
+        return decision.replicas, state
+
+
+class BudgetAutoscalingPolicy:
+    """Application-level policy (Serve app config `autoscaling_policy: {policy_function:
+    "cluster.autoscale.ray_policy:BudgetAutoscalingPolicy", policy_kwargs: {...}}`).
+
+    kwargs: `pools`: {deployment name: {"group": target id, plus `PoolAutoscalingPolicy`
+    kwargs}}, `budgets`: {target id: most replicas of that target's pools together},
+    `log_interval_s`. Deployments not in `pools` are left alone (no decision)."""
+
+    def __init__(self, **kwargs: Any):
+        self.pools: dict[str, dict[str, Any]] = kwargs.get("pools", {})
+        self.budgets: dict[str, int] = kwargs.get("budgets", {})
+        self.log_interval_s = float(kwargs.get("log_interval_s", 60.0))
+        self.models: dict[str, Any] = {}
+
+    def __call__(self, contexts: dict[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict]]:
+        ours = {d: ctx for d, ctx in contexts.items() if ctx.deployment_name in self.pools}
+        decisions = {
+            d: _decide(ctx, self.models.get(ctx.deployment_name), self.pools[ctx.deployment_name])
+            for d, ctx in ours.items()
+        }
+        by_group: dict[str, list[Any]] = {}
+        for d, ctx in ours.items():
+            by_group.setdefault(self.pools[ctx.deployment_name].get("group", ""), []).append(d)
+        for group, members in by_group.items():
+            budget = self.budgets.get(group)
+            if budget is None:
+                continue
+            try:
+                states = {
+                    d: pool_state(ours[d], float(self.pools[ours[d].deployment_name].get(
+                        "stale_after_s", DEFAULT_STALE_AFTER_S)))
+                    for d in members
+                }  # fmt: skip
+                targets = {
+                    str(d): pool_target(ours[d], self.pools[ours[d].deployment_name])
+                    for d in members
+                }
+                models = {str(d): self.models.get(ours[d].deployment_name) for d in members}
+                if all(models.values()):
+                    shared = share_budget(
+                        {str(d): s for d, s in states.items()}, models, int(budget), targets
+                    )
+                else:  # no model to compare the pools: each pool's own want, cut to fit
+                    shared = fit_to_budget(
+                        {str(d): decisions[d].replicas for d in members},
+                        {name: t.min_replicas for name, t in targets.items()},
+                        int(budget),
+                    )
+            except Exception:
+                logger.exception(f"{DECISION_LOG_PREFIX}* share_budget failed for {group!r}")
+                continue
+            for d in members:
+                if shared[str(d)] != decisions[d].replicas:
+                    decisions[d] = ScalingDecision(
+                        shared[str(d)],
+                        f"budget {budget} of {group!r} ({decisions[d].reason})",
+                        {**decisions[d].inputs, "budget": budget, "wanted": decisions[d].replicas},
+                    )
+        replicas, states_out = {}, {}
+        for d, ctx in ours.items():
+            state = dict(ctx.policy_state or {})
+            state[_STATE_KEY] = _log_decision(
+                ctx.deployment_name,
+                ctx.current_num_replicas,
+                decisions[d],
+                state.get(_STATE_KEY) or {},
+                self.log_interval_s,
+            )
+            replicas[d] = decisions[d].replicas
+            states_out[d] = state
+        return replicas, states_out

@@ -1,0 +1,253 @@
+"""The autoscaling adapters (`cluster.autoscale.ray_policy`) on Ray's own context objects, run
+through Ray's own wrapper (`_apply_autoscaling_config`, the one the controller applies), plus the
+pure decisions they call (`cluster.autoscale.policy`) on table-driven cases."""
+
+from __future__ import annotations
+
+import pytest
+from ray.serve._private.autoscaling_state import _resolve_policy_callable
+from ray.serve._private.common import DeploymentID, ReplicaID, TimeStampedValue
+from ray.serve.autoscaling_policy import (
+    _apply_app_level_autoscaling_config,
+    _apply_autoscaling_config,
+)
+from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
+
+from cluster.autoscale.policy import (
+    replica_slowdown,
+)
+from cluster.autoscale.ray_policy import (
+    DECISION_LOG_PREFIX,
+    BudgetAutoscalingPolicy,
+    PoolAutoscalingPolicy,
+    pool_state,
+)
+from cluster.autoscale.signals import EngineStats
+from cluster.config import parse_config
+from cluster.deployments.app import POOL_POLICY, pool_llm_config_dict
+from tests.serve_log import serve_log
+
+NOW = 1_000_000.0
+APP = "cluster"
+
+
+def replica(name: str, deployment: str = "pool-throughput") -> ReplicaID:
+    return ReplicaID(unique_id=name, deployment_id=DeploymentID(name=deployment, app_name=APP))
+
+
+def context(
+    stats: dict[ReplicaID, dict[str, float]],
+    *,
+    deployment: str = "pool-throughput",
+    current: int | None = None,
+    age_s: dict[ReplicaID, float] | None = None,
+    last_change_s: float | None = None,
+    min_replicas: int = 1,
+    max_replicas: int = 4,
+    total_num_requests: float = 0.0,
+    policy_state: dict | None = None,
+) -> AutoscalingContext:
+    """Ray's context as the controller builds it: aggregated values and raw series per metric."""
+    replicas = list(stats)
+    age_s = age_s or {}
+    aggregated: dict[str, dict[ReplicaID, float]] = {}
+    raw: dict[str, dict[ReplicaID, list[TimeStampedValue]]] = {}
+    for rid, values in stats.items():
+        taken = NOW - age_s.get(rid, 1.0)
+        for name, value in values.items():
+            aggregated.setdefault(name, {})[rid] = value
+            raw.setdefault(name, {})[rid] = [
+                TimeStampedValue(taken - 5, value),
+                TimeStampedValue(taken, value),
+            ]
+    config = AutoscalingConfig(
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        upscale_delay_s=0,
+        downscale_delay_s=0,
+        policy=AutoscalingPolicy(policy_function=POOL_POLICY),
+    )
+    n = len(replicas) if current is None else current
+    return AutoscalingContext(
+        deployment_id=DeploymentID(name=deployment, app_name=APP),
+        deployment_name=deployment,
+        app_name=APP,
+        current_num_replicas=n,
+        target_num_replicas=n,
+        running_replicas=replicas,
+        total_num_requests=total_num_requests,
+        total_queued_requests=0.0,
+        aggregated_metrics=lambda: aggregated,  # lazy, as the controller passes them
+        raw_metrics=lambda: raw,
+        capacity_adjusted_min_replicas=min_replicas,
+        capacity_adjusted_max_replicas=max_replicas,
+        policy_state=policy_state or {},
+        last_scale_up_time=last_change_s,
+        last_scale_down_time=None,
+        current_time=NOW,
+        config=config,
+    )
+
+
+def engine(running: int, waiting: int = 0, kv: float = 0.1) -> dict[str, float]:
+    return EngineStats(running=running, waiting=waiting, kv_cache_usage=kv).as_metrics()
+
+
+def ray_wrapped(kwargs: dict) -> tuple:
+    """Our policy exactly as Serve's controller holds it: deserialized from the
+    `AutoscalingPolicy`, instantiated once with `policy_kwargs`, wrapped for bounds and delays."""
+    policy = AutoscalingPolicy(policy_function=POOL_POLICY, policy_kwargs=kwargs)
+    instance = _resolve_policy_callable(policy)
+    return instance, _apply_autoscaling_config(instance)
+
+
+KWARGS = {"target_running_per_replica": 8, "upscale_cooldown_s": 30, "downscale_cooldown_s": 300}
+R1, R2, R3 = replica("r1"), replica("r2"), replica("r3")
+
+
+@pytest.mark.parametrize(
+    ("name", "stats", "extra", "expected"),
+    [
+        ("load over target adds replicas", {R1: engine(14, 6), R2: engine(10)}, {}, 4),
+        ("within target holds", {R1: engine(6), R2: engine(7)}, {}, 2),
+        ("light load shrinks", {R1: engine(1), R2: engine(2)}, {}, 1),
+        ("stale stats are ignored: hold", {R1: engine(30)}, {"age_s": {R1: 120.0}}, 1),
+        ("one stale replica: only the fresh one's load counts", {R1: engine(20), R2: engine(0)},
+         {"age_s": {R2: 120.0}}, 3),
+        ("bounded by max", {R1: engine(64), R2: engine(64)}, {}, 4),
+        ("cooldown after a change blocks a scale-up", {R1: engine(30)},
+         {"last_change_s": NOW - 5}, 1),
+        ("cooldown over", {R1: engine(30)}, {"last_change_s": NOW - 60}, 4),
+        ("downscale cooldown", {R1: engine(0), R2: engine(0)}, {"last_change_s": NOW - 60}, 2),
+    ],
+)  # fmt: skip
+def test_pool_policy_through_rays_wrapper(name, stats, extra, expected):
+    _, policy = ray_wrapped(KWARGS)
+    replicas, state = policy(context(stats, **extra))
+    assert replicas == expected, name
+    assert "cluster" in state  # our memo survives Ray's merge of its own keys
+
+
+def test_pool_at_zero_takes_rays_cold_start_path():
+    # With requests waiting for a pool at zero Serve scales up before calling any policy.
+    _, policy = ray_wrapped(KWARGS)
+    replicas, _ = policy(context({}, current=0, min_replicas=0, total_num_requests=3))
+    assert replicas == 1
+
+
+def test_pool_at_zero_without_requests_stays():
+    _, policy = ray_wrapped(KWARGS)
+    assert policy(context({}, current=0, min_replicas=0))[0] == 0
+
+
+def test_class_policy_is_instantiated_once_with_its_kwargs():
+    instance, _ = ray_wrapped({**KWARGS, "target_running_per_replica": 3})
+    assert isinstance(instance, PoolAutoscalingPolicy)
+    assert instance.kwargs["target_running_per_replica"] == 3
+
+
+def test_decisions_are_logged_with_inputs_once_per_change():
+    _, policy = ray_wrapped(KWARGS)
+    with serve_log() as records:
+        replicas, state = policy(context({R1: engine(30)}))
+        policy(context({R1: engine(30)}, policy_state=state))  # same decision: not repeated
+    lines = [r.getMessage() for r in records if DECISION_LOG_PREFIX in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("autoscale pool=pool-throughput replicas=1->4 reason=no_model")
+    assert '"demand": 30' in lines[0] and '"reporting": 1' in lines[0]
+
+
+def test_a_failing_policy_falls_back_to_rays_default_instead_of_raising():
+    _, policy = ray_wrapped(KWARGS)
+    ctx = context({R1: engine(1)}, total_num_requests=40)
+    ctx.running_replicas = None  # a context Ray reshaped: our code breaks on it
+    with serve_log() as records:
+        replicas, _ = policy(ctx)
+    # Ray's default: 40 ongoing requests / target_ongoing_requests 2 = 20, within max 4.
+    assert replicas == 4
+    assert any("fallback to Ray's default policy" in r.getMessage() for r in records)
+
+
+def test_pool_state_reads_rays_metrics_per_running_replica():
+    state = pool_state(context({R1: engine(3, 1, 0.5), R2: engine(2)}, last_change_s=NOW - 9))
+    assert state.replicas == 2
+    assert sorted(s["running"] for s in state.stats) == [2.0, 3.0]
+    assert state.last_scale_up_s == NOW - 9 and state.now_s == NOW
+
+
+def test_budget_policy_through_rays_app_level_wrapper():
+    policy = AutoscalingPolicy(
+        policy_function="cluster.autoscale.ray_policy:BudgetAutoscalingPolicy",
+        policy_kwargs={
+            "pools": {
+                "pool-speculative": {"group": "t", "target_running_per_replica": 4},
+                "pool-throughput": {"group": "t", "target_running_per_replica": 8},
+            },
+            "budgets": {"t": 4},
+        },
+    )
+    instance = _resolve_policy_callable(policy)
+    assert isinstance(instance, BudgetAutoscalingPolicy)
+    wrapped = _apply_app_level_autoscaling_config(instance)
+    spec = replica("s1", "pool-speculative")
+    contexts = {
+        DeploymentID(name="pool-speculative", app_name=APP): context(
+            {spec: engine(12)}, deployment="pool-speculative"
+        ),
+        DeploymentID(name="pool-throughput", app_name=APP): context({R1: engine(40)}),
+        DeploymentID(name="ingress", app_name=APP): context({}, deployment="ingress", current=1),
+    }
+    decisions, states = wrapped(contexts)
+    by_name = {d.name: n for d, n in decisions.items()}
+    # No models: wanted 3 + 4 = 7 > budget 4, cut from the pool furthest above its minimum.
+    assert by_name == {"pool-speculative": 2, "pool-throughput": 2}
+    assert set(states) == set(contexts)
+
+
+@pytest.mark.parametrize(
+    ("stats", "better_than"),
+    [
+        (engine(1), engine(4)),
+        (engine(4), engine(2, 2)),  # waiting requests are ahead of the new one
+        (engine(4, kv=0.2), engine(2, kv=0.9)),  # near-full KV cache
+        ({}, engine(1)),
+    ],
+)
+def test_replica_slowdown_orders_replicas(stats, better_than):
+    assert replica_slowdown(stats) < replica_slowdown(better_than)
+
+
+def test_replica_slowdown_tolerates_bad_values():
+    assert replica_slowdown({"running": float("nan"), "kv_cache_usage": 7.0}) == pytest.approx(20)
+
+
+def test_model_policy_config_reaches_the_deployment():
+    config = parse_config(
+        {
+            "targets": [{"id": "m", "source": "/models/m"}],
+            "pools": [
+                {"name": "tp", "target": "m", "role": "throughput",
+                 "autoscaling": {"max_replicas": 3, "policy": "model",
+                                 "target_running_per_replica": 5}},
+            ],
+        }
+    )  # fmt: skip
+    deployment = pool_llm_config_dict(config, config.pools[0])["deployment_config"]
+    scaling = AutoscalingConfig(**deployment["autoscaling_config"])
+    assert scaling.policy.policy_function == POOL_POLICY
+    assert scaling.policy.policy_kwargs["target_running_per_replica"] == 5
+    instance = _resolve_policy_callable(scaling.policy)
+    assert isinstance(instance, PoolAutoscalingPolicy)
+
+
+def test_every_pool_has_an_autoscaling_config():
+    # Serve pushes replica metrics (record_autoscaling_stats included) only for deployments
+    # with an autoscaling config; a fixed num_replicas would silently starve the policy.
+    config = parse_config(
+        {
+            "targets": [{"id": "m", "source": "/models/m"}],
+            "pools": [{"name": "tp", "target": "m", "role": "throughput"}],
+        }
+    )
+    deployment = pool_llm_config_dict(config, config.pools[0])["deployment_config"]
+    assert "autoscaling_config" in deployment and "num_replicas" not in deployment

@@ -209,8 +209,20 @@ class AutoscalingConfig(_Strict):
     controller log. Serve's bounds and `upscale_delay_s` / `downscale_delay_s` apply to both."""
 
     target_running_per_replica: float = Field(default=8, gt=0)
-    """`model` policy: engine requests (running + waiting) one replica should hold; more adds
-    replicas, and the pool shrinks once its load fits fewer replicas at 70% of this."""
+    """`model` policy without `target_per_user_tok_s`: engine requests (running + waiting) one
+    replica should hold; more adds replicas, fewer removes them (after the cool-downs)."""
+
+    target_per_user_tok_s: float | None = Field(default=None, gt=0)
+    """`model` policy with `routing.profile`: the per-user decode rate (tokens/s) the pool keeps.
+    The calibrated model predicts each request's rate at the pool's load spread over N replicas;
+    the pool gets the fewest N that meet this rate and shrinks only when a smaller N beats it by
+    20%. The model follows the pool's measured acceptance online (moving average of the engine
+    counters), so a drafter that accepts less scales the pool sooner. None: steer by
+    `target_running_per_replica`."""
+
+    context_tokens: int = Field(default=1024, ge=1)
+    """`model` policy with `target_per_user_tok_s`: context length (prompt + output) the
+    prediction assumes for the requests in flight; longer context, slower decode."""
 
     upscale_cooldown_s: float = Field(default=30, ge=0)
     """`model` policy: least time after a replica-count change before it adds replicas."""
@@ -515,6 +527,12 @@ class ClusterConfig(_Strict):
                 raise ValueError(
                     f"targets[{i}].replica_budget: {target.replica_budget} is below the "
                     f"pools' min_replicas together ({floor})"
+                )
+        for i, pool in enumerate(self.pools):
+            if pool.autoscaling.target_per_user_tok_s is not None and not self.routing.profile:
+                raise ValueError(
+                    f"pools[{i}].autoscaling.target_per_user_tok_s: needs routing.profile (the "
+                    "calibrated model that predicts the rate)"
                 )
         return self
 

@@ -4,6 +4,8 @@ pure decisions they call (`cluster.autoscale.policy`) on table-driven cases."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from ray.serve._private.autoscaling_state import _resolve_policy_callable
 from ray.serve._private.common import DeploymentID, ReplicaID, TimeStampedValue
@@ -13,7 +15,9 @@ from ray.serve.autoscaling_policy import (
 )
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
+from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import (
+    observe_acceptance,
     replica_slowdown,
 )
 from cluster.autoscale.ray_policy import (
@@ -23,8 +27,9 @@ from cluster.autoscale.ray_policy import (
     pool_state,
 )
 from cluster.autoscale.signals import EngineStats
-from cluster.config import parse_config
+from cluster.config import ConfigError, parse_config
 from cluster.deployments.app import POOL_POLICY, pool_llm_config_dict
+from cluster.speculation import SpecCounters
 from tests.serve_log import serve_log
 
 NOW = 1_000_000.0
@@ -143,7 +148,7 @@ def test_pool_at_zero_without_requests_stays():
 def test_class_policy_is_instantiated_once_with_its_kwargs():
     instance, _ = ray_wrapped({**KWARGS, "target_running_per_replica": 3})
     assert isinstance(instance, PoolAutoscalingPolicy)
-    assert instance.kwargs["target_running_per_replica"] == 3
+    assert instance.pool.kwargs["target_running_per_replica"] == 3
 
 
 def test_decisions_are_logged_with_inputs_once_per_change():
@@ -251,3 +256,92 @@ def test_every_pool_has_an_autoscaling_config():
     )
     deployment = pool_llm_config_dict(config, config.pools[0])["deployment_config"]
     assert "autoscaling_config" in deployment and "num_replicas" not in deployment
+
+
+PROFILE = str(Path(__file__).parent.parent / "configs" / "profiles" / "embedded.yaml")
+
+
+def spec_engine(running: int, drafts: int, accepted: int) -> dict[str, float]:
+    counters = SpecCounters(drafts=drafts, draft_tokens=3 * drafts, accepted=accepted)
+    return EngineStats(running=running, kv_cache_usage=0.1, speculation=counters).as_metrics()
+
+
+def model_kwargs(rate: float) -> dict:
+    return {**KWARGS, "profile": PROFILE, "pool": "speculative", "target_per_user_tok_s": rate,
+            "context_tokens": 1024, "max_batch": 16}  # fmt: skip
+
+
+def test_model_policy_sizes_the_pool_for_the_target_rate():
+    model = PerformanceModel.load(PROFILE).pools["speculative"]
+    # The rate the model predicts for 4 requests per replica: 12 requests need 3 replicas.
+    rate = model.per_user_rate(4, 1024) * 0.99
+    instance, policy = ray_wrapped(model_kwargs(rate))
+    assert instance.pool.model is not None
+    with serve_log() as records:
+        replicas, _ = policy(context({R1: engine(12)}, deployment="pool-speculative"))
+    assert replicas == 3
+    line = next(r.getMessage() for r in records if DECISION_LOG_PREFIX in r.getMessage())
+    assert "reason=scale_up" in line and '"predicted_at_current"' in line
+    # Twice the load halves nothing: 24 requests need 6 at 4 each, bounded by max 4.
+    assert policy(context({R1: engine(24)}, deployment="pool-speculative"))[0] == 4
+
+
+def test_model_policy_follows_the_measured_acceptance():
+    model = PerformanceModel.load(PROFILE).pools["speculative"]
+    rate = model.per_user_rate(2, 1024) * 0.99  # 2 per replica at the calibrated acceptance
+    instance, policy = ray_wrapped(model_kwargs(rate))
+    first = policy(context({R1: spec_engine(4, 1000, 1000)}, deployment="pool-speculative"))[0]
+    # The drafter now accepts nothing: each later tick moves the model towards it.
+    drafts, decisions = 1000, [first]
+    for _ in range(40):
+        drafts += 1000
+        ctx = context({R1: spec_engine(4, drafts, 1000)}, deployment="pool-speculative")
+        decisions.append(policy(ctx)[0])
+    assert instance.pool.model.acceptance_scale < 0.2
+    # Without speculation's lift 2 per replica miss the rate: the pool grows past 2 replicas.
+    assert decisions[0] == 2 and decisions[-1] > 2
+
+
+def test_observe_acceptance_skips_a_restarted_replica():
+    model = PerformanceModel.load(PROFILE).pools["speculative"]
+    totals = observe_acceptance(model, None, [spec_engine(1, 100, 50)])
+    assert model.acceptance_scale == 1.0  # the first look has nothing to compare with
+    totals = observe_acceptance(model, totals, [spec_engine(1, 10, 0)])  # counters restarted
+    assert model.acceptance_scale == 1.0 and totals["spec_drafts"] == 10
+    observe_acceptance(model, totals, [spec_engine(1, 110, 0)])
+    assert model.acceptance_scale < 1.0
+
+
+def test_model_policy_kwargs_name_the_profile_and_pool():
+    config = parse_config(
+        {
+            "targets": [{"id": "m", "source": "/models/m"}],
+            "pools": [
+                {"name": "sp", "target": "m", "role": "speculative",
+                 "speculation": {"method": "ngram", "num_speculative_tokens": 3},
+                 "engine": {"max_num_seqs": 12},
+                 "autoscaling": {"max_replicas": 3, "policy": "model",
+                                 "target_per_user_tok_s": 20}},
+            ],
+            "routing": {"profile": PROFILE},
+        }
+    )  # fmt: skip
+    deployment = pool_llm_config_dict(config, config.pools[0])["deployment_config"]
+    kwargs = deployment["autoscaling_config"]["policy"]["policy_kwargs"]
+    assert kwargs["profile"] == PROFILE and kwargs["pool"] == "sp"
+    assert kwargs["target_per_user_tok_s"] == 20 and kwargs["max_batch"] == 12
+    instance = _resolve_policy_callable(
+        AutoscalingPolicy(**deployment["autoscaling_config"]["policy"])
+    )
+    assert instance.pool.model is None  # the profile has no pool `sp`: steered by requests
+
+
+def test_a_rate_target_needs_a_profile():
+    with pytest.raises(ConfigError, match=r"pools\[0\]\.autoscaling\.target_per_user_tok_s"):
+        parse_config(
+            {
+                "targets": [{"id": "m", "source": "/models/m"}],
+                "pools": [{"name": "tp", "target": "m", "role": "throughput",
+                           "autoscaling": {"policy": "model", "target_per_user_tok_s": 20}}],
+            }
+        )  # fmt: skip

@@ -291,3 +291,25 @@ def fit_to_budget(
         most = max(spare.values())
         replicas[max(n for n, s in spare.items() if s == most)] -= 1
     return replicas
+
+
+SPEC_COUNTERS = ("spec_drafts", "spec_accepted_tokens")
+"""Cumulative engine counters (`EngineStats.as_metrics()`) behind the online acceptance."""
+
+
+def observe_acceptance(
+    model: PoolModel, previous: Mapping[str, float] | None, stats: list[dict[str, float]]
+) -> dict[str, float]:
+    """Fold the pool's acceptance since `previous` into `model` (`PoolModel.observe`) and
+    return the new counter totals (pass them back next time).
+
+    The engines' counters are cumulative per replica, so the drafts and accepted tokens since
+    the last call are the change of their sums. A replica that left or restarted makes a sum
+    shrink: that interval is skipped (the totals restart from now)."""
+    totals = {name: sum(_stat(s, name) for s in stats) for name in SPEC_COUNTERS}
+    if previous:
+        drafts = totals["spec_drafts"] - previous.get("spec_drafts", 0.0)
+        accepted = totals["spec_accepted_tokens"] - previous.get("spec_accepted_tokens", 0.0)
+        if drafts > 0 and accepted >= 0:
+            model.observe(1 + accepted / drafts, None)
+    return totals

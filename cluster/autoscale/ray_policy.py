@@ -27,12 +27,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from cluster.autoscale.model import PerformanceModel, PoolModel
 from cluster.autoscale.policy import (
     PoolScalingState,
     PoolScalingTarget,
     ScalingDecision,
     desired_replicas,
     fit_to_budget,
+    observe_acceptance,
     share_budget,
 )
 
@@ -96,6 +98,9 @@ def pool_target(ctx: Any, kwargs: dict[str, Any]) -> PoolScalingTarget:
     return PoolScalingTarget(
         min_replicas=ctx.capacity_adjusted_min_replicas,
         max_replicas=ctx.capacity_adjusted_max_replicas,
+        target_per_user_tok_s=kwargs.get("target_per_user_tok_s"),
+        context_tokens=int(kwargs.get("context_tokens", defaults.context_tokens)),
+        max_batch=kwargs.get("max_batch"),
         ongoing_requests_per_replica=float(
             kwargs.get("target_running_per_replica", defaults.ongoing_requests_per_replica)
         ),
@@ -129,25 +134,52 @@ def _log_decision(
     return memo
 
 
-def _decide(ctx: Any, model: Any, kwargs: dict[str, Any]) -> ScalingDecision:
+def load_pool_model(kwargs: dict[str, Any]) -> PoolModel | None:
+    """The calibrated model of the pool named in `policy_kwargs` (`profile`, `pool`); None
+    without one, or when it cannot be loaded (logged: the policy then steers by requests)."""
+    profile, pool = kwargs.get("profile"), kwargs.get("pool")
+    if not profile or not pool:
+        return None
     try:
-        state = pool_state(ctx, float(kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)))
-        decision = desired_replicas(state, model, pool_target(ctx, kwargs))
-        # How many replicas fed the decision: the proof that Serve's metrics reached it.
-        return replace(decision, inputs={**decision.inputs, "reporting": len(state.stats)})
-    except Exception as error:  # a policy must never raise into Serve's controller
-        logger.exception(f"{DECISION_LOG_PREFIX}{ctx.deployment_name} policy failed")
-        replicas = ctx.target_num_replicas
+        return PerformanceModel.load(profile).pools[pool]
+    except Exception:
+        logger.exception(f"{DECISION_LOG_PREFIX}{pool} cannot load its model from {profile}")
+        return None
+
+
+class _Pool:
+    """What a policy keeps of one pool between ticks: its model (corrected online from the
+    engines' acceptance counters) and the counter totals last seen."""
+
+    def __init__(self, kwargs: dict[str, Any]):
+        self.kwargs = kwargs
+        self.model = load_pool_model(kwargs)
+        self.counters: dict[str, float] | None = None
+
+    def decide(self, ctx: Any) -> ScalingDecision:
         try:
-            replicas = _ray_default(ctx)
-        except Exception:
-            pass
-        low, high = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
-        with contextlib.suppress(TypeError):
-            replicas = max(low, min(high, replicas))
-        return ScalingDecision(
-            replicas, f"fallback to Ray's default policy ({type(error).__name__}: {error})"
-        )
+            state = pool_state(ctx, float(self.kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)))
+            if self.model is not None and state.stats:
+                self.counters = observe_acceptance(self.model, self.counters, state.stats)
+            decision = desired_replicas(state, self.model, pool_target(ctx, self.kwargs))
+            inputs = {**decision.inputs, "reporting": len(state.stats)}
+            if self.model is not None:
+                inputs["acceptance_scale"] = round(self.model.acceptance_scale, 3)
+            # `reporting`: how many replicas fed the decision, the proof Serve's metrics reach it.
+            return replace(decision, inputs=inputs)
+        except Exception as error:  # a policy must never raise into Serve's controller
+            logger.exception(f"{DECISION_LOG_PREFIX}{ctx.deployment_name} policy failed")
+            replicas = ctx.target_num_replicas
+            try:
+                replicas = _ray_default(ctx)
+            except Exception:
+                pass
+            low, high = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
+            with contextlib.suppress(TypeError):
+                replicas = max(low, min(high, replicas))
+            return ScalingDecision(
+                replicas, f"fallback to Ray's default policy ({type(error).__name__}: {error})"
+            )
 
 
 class PoolAutoscalingPolicy:
@@ -155,15 +187,16 @@ class PoolAutoscalingPolicy:
     "cluster.autoscale.ray_policy:PoolAutoscalingPolicy", policy_kwargs={...})`).
 
     kwargs: `target_running_per_replica`, `upscale_cooldown_s`, `downscale_cooldown_s`,
-    `stale_after_s`, `log_interval_s` (see `PoolScalingTarget`)."""
+    `stale_after_s`, `log_interval_s`; with a model also `profile` (path), `pool` (its name in
+    the profile), `target_per_user_tok_s`, `context_tokens`, `max_batch` (see
+    `PoolScalingTarget`)."""
 
     def __init__(self, **kwargs: Any):
-        self.kwargs = kwargs
-        self.model = None
+        self.pool = _Pool(kwargs)
         self.log_interval_s = float(kwargs.get("log_interval_s", 60.0))
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        decision = _decide(ctx, self.model, self.kwargs)
+        decision = self.pool.decide(ctx)
         state = dict(ctx.policy_state or {})
         state[_STATE_KEY] = _log_decision(
             ctx.deployment_name,
@@ -187,14 +220,11 @@ class BudgetAutoscalingPolicy:
         self.pools: dict[str, dict[str, Any]] = kwargs.get("pools", {})
         self.budgets: dict[str, int] = kwargs.get("budgets", {})
         self.log_interval_s = float(kwargs.get("log_interval_s", 60.0))
-        self.models: dict[str, Any] = {}
+        self.tracked = {name: _Pool(pool_kwargs) for name, pool_kwargs in self.pools.items()}
 
     def __call__(self, contexts: dict[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict]]:
         ours = {d: ctx for d, ctx in contexts.items() if ctx.deployment_name in self.pools}
-        decisions = {
-            d: _decide(ctx, self.models.get(ctx.deployment_name), self.pools[ctx.deployment_name])
-            for d, ctx in ours.items()
-        }
+        decisions = {d: self.tracked[ctx.deployment_name].decide(ctx) for d, ctx in ours.items()}
         by_group: dict[str, list[Any]] = {}
         for d, ctx in ours.items():
             by_group.setdefault(self.pools[ctx.deployment_name].get("group", ""), []).append(d)
@@ -212,10 +242,14 @@ class BudgetAutoscalingPolicy:
                     str(d): pool_target(ours[d], self.pools[ours[d].deployment_name])
                     for d in members
                 }
-                models = {str(d): self.models.get(ours[d].deployment_name) for d in members}
+                models = {str(d): self.tracked[ours[d].deployment_name].model for d in members}
                 if all(models.values()):
                     shared = share_budget(
-                        {str(d): s for d, s in states.items()}, models, int(budget), targets
+                        {str(d): s for d, s in states.items()},
+                        models,
+                        int(budget),
+                        targets,
+                        previous={str(d): ours[d].current_num_replicas for d in members},
                     )
                 else:  # no model to compare the pools: each pool's own want, cut to fit
                     shared = fit_to_budget(

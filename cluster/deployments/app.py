@@ -99,15 +99,24 @@ POWER_OF_TWO_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesReques
 treats it as its default) and named so a render shows it."""
 
 
-def pool_policy_kwargs(pool: PoolConfig) -> dict[str, Any]:
+def pool_policy_kwargs(config: ClusterConfig, pool: PoolConfig) -> dict[str, Any]:
     """`policy_kwargs` of a pool's `model` autoscaling policy (plain JSON)."""
     scaling = pool.autoscaling
-    return {
+    kwargs: dict[str, Any] = {
         "target_running_per_replica": scaling.target_running_per_replica,
         "upscale_cooldown_s": scaling.upscale_cooldown_s,
         "downscale_cooldown_s": scaling.downscale_cooldown_s,
         "stale_after_s": scaling.stale_stats_s,
     }
+    if scaling.target_per_user_tok_s is not None and config.routing.profile:
+        kwargs |= {
+            "profile": config.resolve_path(config.routing.profile),
+            "pool": pool.name,
+            "target_per_user_tok_s": scaling.target_per_user_tok_s,
+            "context_tokens": scaling.context_tokens,
+            "max_batch": pool.engine.max_num_seqs,
+        }
+    return kwargs
 
 
 BUDGET_POLICY = "cluster.autoscale.ray_policy:BudgetAutoscalingPolicy"
@@ -121,7 +130,8 @@ def app_autoscaling_policy(config: ClusterConfig) -> dict[str, Any] | None:
     if not budgets:
         return None
     pools = {
-        pool_deployment_name(p): {"group": p.target, **pool_policy_kwargs(p)} for p in config.pools
+        pool_deployment_name(p): {"group": p.target, **pool_policy_kwargs(config, p)}
+        for p in config.pools
     }
     return {
         "policy_function": BUDGET_POLICY,
@@ -158,7 +168,7 @@ def pool_llm_config_dict(config: ClusterConfig, pool: PoolConfig) -> dict[str, A
     if scaling.policy == "model":
         autoscaling_config["policy"] = {
             "policy_function": POOL_POLICY,
-            "policy_kwargs": pool_policy_kwargs(pool),
+            "policy_kwargs": pool_policy_kwargs(config, pool),
         }
     llm_config = {
         "model_loading_config": {

@@ -1,5 +1,6 @@
 """Serve really calls the deployed replica router and autoscaling policy (embedded preset:
-`replica_router: least_slowdown`, `autoscaling.policy: model` on both pools).
+`replica_router: least_slowdown`, `autoscaling.policy: model` with the calibrated profile on both
+pools).
 
 A custom policy or router that is configured but never called fails silently in Ray (a wrong
 import path at the wrong scope, an app-level policy shadowing it, metrics never pushed), so this
@@ -30,8 +31,10 @@ def test_serve_calls_the_deployed_policy_and_router(cluster):
     client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "Name one prime number."}]
     policy_fed = re.compile(
+        # Sorted keys: the calibrated model was loaded (its online acceptance correction is
+        # an input) and one replica's stats reached the decision.
         re.escape(DECISION_LOG_PREFIX) + r"pool-(speculative|throughput) replicas=1->1 .*"
-        r'"reporting": 1'
+        r'"acceptance_scale": [0-9.]+, .*"reporting": 1'
     )
     router_by_stats = re.compile(
         re.escape(ROUTER_LOG_PREFIX) + r"deployment=pool-throughput routed_by_stats=[1-9]"

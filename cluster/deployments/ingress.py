@@ -290,21 +290,18 @@ def ingress_class(server: ServerConfig) -> type:
         async def _route(self, target: str, body: Any, prompt_tokens: int) -> tuple[str, str, str]:
             """(pool, reason, reason with the predicted rates for the header and trace)."""
             await self._pools.ready(self._app_name, self._routing.pool_status_refresh_s)
-            loads = {
-                name: self._load(name, role)
-                for (t, role), name in self._pool_of_role.items()
-                if t == target
-            }
+            loads = {name: self._load(name) for (t, _), name in self._pool_of_role.items()
+                     if t == target}  # fmt: skip
             request = RequestFeatures(prompt_tokens, _max_tokens(body))
             decision = choose_pool(request, loads, self._model, self._routing)
             self._routed[decision.pool] += 1
             return decision.pool, decision.reason.value, decision.header
 
-        def _load(self, pool: str, role: str) -> PoolLoad:
+        def _load(self, pool: str) -> PoolLoad:
             gate = self._pools.gates[pool]
             return PoolLoad(
-                role, gate.running_replicas, gate.in_flight, gate.scales_from_zero,
-                stats_age_s=gate.status_age_s, max_batch=gate.per_replica,
+                self._pools.pools[pool].role, gate.running_replicas, gate.in_flight,
+                gate.scales_from_zero, stats_age_s=gate.status_age_s, max_batch=gate.per_replica,
             )  # fmt: skip
 
         def _record(self, request_id, target, pool, reason, prompt_tokens, key_name, trace):

@@ -265,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cluster.autoscale.calibrate import add_command as add_calibrate_command
 
     add_calibrate_command(commands)
+
+    from cluster.simulate.cli import add_command as add_simulate_command
+
+    add_simulate_command(commands)
     return parser
 
 

@@ -11,6 +11,8 @@ Fallbacks, in order:
   are down the rule's preference is returned, so the caller sees the pool's own answer;
 - a pool at zero replicas that scales from zero is up: its first request wakes it, and its
   prediction carries the cold start (`routing.cold_start_s`) spread over the request's output;
+  likewise a pool whose replicas are full carries the wait for a slot (the requests queued
+  ahead, a slot freeing each time a running request ends);
 - no model: rule v1 (below) with its own reasons; a model that lacks one of the pools: rule v1,
   reason `no_model`; load older than `routing.max_stats_age_s`: rule v1, reason `stale_stats`.
 
@@ -100,6 +102,13 @@ class PoolLoad:
         batch = int(self.in_flight_per_replica) + requests
         return min(batch, self.max_batch) if self.max_batch else batch
 
+    def queued_ahead(self, requests: int = 1) -> float:
+        """Requests per replica that wait for a slot before the `requests`-th new one runs
+        (0 while a replica has a free slot)."""
+        if not self.max_batch:
+            return 0.0
+        return max(0.0, self.in_flight_per_replica + requests - self.max_batch)
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -178,9 +187,12 @@ def _predicted(
         rate = pool.per_user_rate(batch, request.prompt_tokens, output)
         # TTFT queues behind everything in flight, not only what runs at once.
         ttft = pool.ttft_s(int(load.in_flight_per_replica) + 1, request.prompt_tokens)
-        if load.cold:  # the wait for a first replica, spread over the output like a slow start
-            ttft += config.cold_start_s
-            rate = output / (config.cold_start_s + output / rate)
+        wait_s = config.cold_start_s if load.cold else 0.0  # the wait for a first replica
+        if load.queued_ahead():  # full replicas: a slot frees as each running request ends
+            wait_s += load.queued_ahead() * pool.typical_output_tokens / rate / load.max_batch
+        if wait_s:  # spread over the output like a slow start
+            ttft += wait_s
+            rate = output / (wait_s + output / rate)
         rates[name] = rate
         misses[name] = max(
             ttft / config.ttft_slo_s if config.ttft_slo_s else 0.0,

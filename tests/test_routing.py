@@ -150,6 +150,22 @@ def test_cold_pool_is_a_candidate_with_its_cold_start(model):
     assert decision.pool == THR
 
 
+def test_full_pool_carries_the_wait_for_a_slot(model):
+    request = RequestFeatures(2048, max_tokens=100)
+    # Both pools at 2 running per replica of 2 slots: the speculative pool is faster...
+    spec, thr = load(SPEC, 1, 1, max_batch=2), load(THR, 1, 1, max_batch=2)
+    assert choose_pool(request, loads(spec, thr), model, RULE).pool == SPEC
+    # ...until 6 more wait for its slots: the request would start only after 3 rounds of
+    # requests end, so the throughput pool with a free slot is predicted faster.
+    queued = load(SPEC, 1, 8, max_batch=2)
+    decision = choose_pool(request, loads(queued, load(THR, 1, 1, max_batch=4)), model, RULE)
+    assert decision.pool == THR
+    pool = model.pools[SPEC]
+    running_rate = pool.per_user_rate(2, 2048, 100)
+    wait_s = 7 * pool.typical_output_tokens / running_rate / 2
+    assert decision.predicted[SPEC] == pytest.approx(100 / (wait_s + 100 / running_rate))
+
+
 def test_slo_excludes_the_faster_pool(model):
     request = RequestFeatures(2048)
     spec_ttft = model.pools[SPEC].ttft_s(1, 2048)

@@ -313,3 +313,94 @@ def observe_acceptance(
         if drafts > 0 and accepted >= 0:
             model.observe(1 + accepted / drafts, None)
     return totals
+
+
+def capacity_at(model: PoolModel, target: PoolScalingTarget, rate: float) -> int:
+    """Requests one replica runs at once with each at `rate` or faster (at most `max_batch`;
+    0: not even one)."""
+    fits = 0
+    for batch in range(1, (target.max_batch or MAX_SEARCHED_BATCH) + 1):
+        if model.per_user_rate(batch, target.context_tokens) < rate:
+            break
+        fits = batch
+    return fits
+
+
+MAX_SEARCHED_BATCH = 1024
+"""`capacity_at` without a `max_batch`: the largest batch it tries."""
+
+
+def offered_tokens_per_s(
+    state: PoolScalingState, model: PoolModel, target: PoolScalingTarget
+) -> float:
+    """Output tokens/s the pool's requests need: each at the rate the model predicts for it now
+    (requests spread evenly over the replicas, a batch capped at `max_batch`), and at least at
+    the target rate (an overloaded pool's requests need capacity for the rate they should get,
+    not the one they get)."""
+    if not state.demand:
+        return 0.0
+    rate = target.target_rate or 0.0
+    if state.replicas > 0:
+        batch = math.ceil(state.demand / state.replicas)
+        batch = min(batch, target.max_batch) if target.max_batch else batch
+        rate = max(rate, model.per_user_rate(batch, target.context_tokens))
+    return state.demand * rate
+
+
+def within_budget(
+    wanted: Mapping[str, int],
+    pools: Mapping[str, PoolScalingState],
+    models: Mapping[str, PoolModel | None],
+    budget: int,
+    targets: Mapping[str, PoolScalingTarget],
+    hysteresis: float = 0.2,
+) -> dict[str, int]:
+    """A target's pools under a shared replica budget, sized together.
+
+    With a model and a target rate for both pools: the output tokens/s the pools' requests
+    decode at now (`offered_tokens_per_s`) is the load; a replica's capacity is the tokens/s it
+    decodes with as many requests as it can run at its pool's target rate (`capacity_at`).
+    The fewest replicas in all (up to `budget`) whose capacity covers the load win, with as many
+    speculative replicas (the first pool) as that allows: at equal capacity they give each user
+    more. As load rises the total grows and the split moves to whichever pool holds more per
+    replica at the target (the throughput pool once speculation stops paying), and back as it
+    falls. A total below the current one must cover the load with `hysteresis` to spare. When
+    even the budget cannot: the budget, split for the most capacity.
+
+    Otherwise: each pool's own `wanted` (`desired_replicas`) while together they fit; beyond the
+    budget each want is cut to fit (`fit_to_budget`)."""
+    names = list(pools)
+    rated = all(models.get(n) is not None and targets[n].target_rate for n in names)
+    if len(names) == 2 and rated and any(state.demand for state in pools.values()):
+        fitted = {n: models[n] for n in names}
+        capacity = {}
+        for n in names:
+            fits = capacity_at(fitted[n], targets[n], targets[n].target_rate)
+            capacity[n] = (
+                fits * fitted[n].per_user_rate(fits, targets[n].context_tokens) if fits else 0.0
+            )
+        load = sum(offered_tokens_per_s(pools[n], fitted[n], targets[n]) for n in names)
+        current = sum(state.replicas for state in pools.values())
+        first, second = names
+
+        def splits(total: int) -> list[dict[str, int]]:
+            most = min(total, targets[first].max_replicas)
+            return [
+                {first: a, second: total - a}
+                for a in range(targets[first].min_replicas, most + 1)
+                if targets[second].min_replicas <= total - a <= targets[second].max_replicas
+            ]
+
+        def served(split: dict[str, int]) -> float:
+            return sum(split[n] * capacity[n] for n in names)
+
+        for total in range(1, budget + 1):
+            needed = load * (1 + hysteresis) if total < current else load
+            feasible = [split for split in splits(total) if served(split) >= needed]
+            if feasible:
+                return max(feasible, key=lambda split: split[first])
+        # Overloaded even at the budget: the split that serves the most at the target rates.
+        return max(splits(budget), key=lambda split: (served(split), split[first]))
+    if sum(wanted.values()) <= budget:
+        return dict(wanted)
+    return fit_to_budget(wanted, {name: t.min_replicas for name, t in targets.items()}, budget)

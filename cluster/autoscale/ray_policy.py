@@ -4,8 +4,8 @@ Serve's controller calls a deployment's policy every control-loop tick (0.1 s) w
 `AutoscalingContext`; `PoolAutoscalingPolicy` turns that context into a `PoolScalingState`
 (from the engine stats each replica reports with `record_autoscaling_stats`) and returns
 `desired_replicas(...)`. `BudgetAutoscalingPolicy` is the application-level form (Serve's app
-config `autoscaling_policy`): it sees every pool at once and shares a replica budget per target
-with `share_budget`. Serve applies its own bounds, scaling factors and
+config `autoscaling_policy`): it sees every pool at once and keeps each target's pools within a
+replica budget (`within_budget`). Serve applies its own bounds, scaling factors and
 `upscale_delay_s`/`downscale_delay_s` on top of what these return.
 
 Both are classes so Serve instantiates them once, with `policy_kwargs` (plain JSON). Neither
@@ -33,9 +33,8 @@ from cluster.autoscale.policy import (
     PoolScalingTarget,
     ScalingDecision,
     desired_replicas,
-    fit_to_budget,
     observe_acceptance,
-    share_budget,
+    within_budget,
 )
 
 logger = logging.getLogger("ray.serve")
@@ -243,22 +242,15 @@ class BudgetAutoscalingPolicy:
                     for d in members
                 }
                 models = {str(d): self.tracked[ours[d].deployment_name].model for d in members}
-                if all(models.values()):
-                    shared = share_budget(
-                        {str(d): s for d, s in states.items()},
-                        models,
-                        int(budget),
-                        targets,
-                        previous={str(d): ours[d].current_num_replicas for d in members},
-                    )
-                else:  # no model to compare the pools: each pool's own want, cut to fit
-                    shared = fit_to_budget(
-                        {str(d): decisions[d].replicas for d in members},
-                        {name: t.min_replicas for name, t in targets.items()},
-                        int(budget),
-                    )
+                shared = within_budget(
+                    {str(d): decisions[d].replicas for d in members},
+                    {str(d): s for d, s in states.items()},
+                    models,
+                    int(budget),
+                    targets,
+                )
             except Exception:
-                logger.exception(f"{DECISION_LOG_PREFIX}* share_budget failed for {group!r}")
+                logger.exception(f"{DECISION_LOG_PREFIX}* budget split failed for {group!r}")
                 continue
             for d in members:
                 if shared[str(d)] != decisions[d].replicas:

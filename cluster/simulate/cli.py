@@ -1,0 +1,289 @@
+"""`cluster simulate`: every strategy over one trace, and the numbers that compare them.
+
+Writes `<out>/result.json` (assumptions, each strategy's summary, the replica timelines of ours
+and of the best static split), `<out>/table.md`, `<out>/replicas.png`, and the `simulation` block
+of `benchmarks/results/routing_summary.json` (the rest of that file is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster.autoscale.model import CalibrationProfile, PerformanceModel
+from cluster.config import ClusterConfig, load_config
+from cluster.simulate import trace as traces
+from cluster.simulate.engine import Simulation, SimulationResult, Slo
+from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
+from cluster.simulate.strategies import OURS, STATIC_PREFIX, strategies
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TRACE = REPO / "benchmarks" / "traces" / "kimi-diurnal-mix.yaml"
+DEFAULT_PROFILE = REPO / "configs" / "profiles" / "embedded.yaml"
+ROUTING_SUMMARY = REPO / "benchmarks" / "results" / "routing_summary.json"
+SLO_TIE = 0.005
+"""SLO attainments this close count as equal when picking the best static split."""
+
+
+def model_for(
+    config: ClusterConfig, profile_path: Path, hardware: HardwareScale | None
+) -> PerformanceModel:
+    """The config's pools' models: the profile's own (same pool names), or the profile carried
+    over to the config's hardware (pools matched by role: a pool with a drafter in the profile
+    is the speculative one)."""
+    profile = CalibrationProfile.load(profile_path)
+    base = PerformanceModel.from_profile(profile)
+    if hardware is None:
+        missing = {p.name for p in config.pools} - set(base.pools)
+        if missing:
+            raise ValueError(f"{profile_path}: no calibration for pools {sorted(missing)}")
+        return base
+    base_roles = {
+        name: "throughput" if spec.method == "none" else "speculative"
+        for name, spec in profile.pools.items()
+    }
+    scaled = scaled_model(base, hardware, base_roles)
+    by_role = {role: scaled.pools[name] for name, role in base_roles.items()}
+    return PerformanceModel({p.name: by_role[p.role] for p in config.pools})
+
+
+def best_static(results: list[SimulationResult]) -> SimulationResult:
+    """Ray's default with the best static split: highest SLO attainment, then fewest
+    GPU-hours among those within `SLO_TIE` of it."""
+    static = [r for r in results if r.strategy.startswith(STATIC_PREFIX)]
+    top = max(r.slo_attainment for r in static)
+    return min((r for r in static if r.slo_attainment >= top - SLO_TIE), key=lambda r: r.gpu_hours)
+
+
+def table(results: list[SimulationResult], best: SimulationResult) -> str:
+    lines = [
+        "| strategy | GPU-hours | SLO attainment | rejected | per-user tok/s p10 / p50 / p90 "
+        "| TTFT p50 / p99 s | routed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        mark = " (best static)" if r is best else ""
+        rates = " / ".join(f"{r.per_user_tok_s[k]:.1f}" for k in ("p10", "p50", "p90"))
+        routed = ", ".join(f"{k} {v}" for k, v in r.routed.items())
+        lines.append(
+            f"| {r.strategy}{mark} | {r.gpu_hours:.1f} | {r.slo_attainment:.3f} | {r.rejected} "
+            f"| {rates} | {r.ttft_s['p50']:.2f} / {r.ttft_s['p99']:.2f} | {routed} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(timelines: dict[str, list[dict[str, Any]]], spec: traces.TraceSpec | None, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(10, 4.5))
+    for strategy, timeline in timelines.items():
+        pools = [k for k in timeline[0] if k != "t_s"]
+        hours = [point["t_s"] / 3600 for point in timeline]
+        for pool in pools:
+            axis.step(hours, [p[pool] for p in timeline], where="post", label=f"{strategy}: {pool}")
+    axis.set(xlabel="simulated hours", ylabel="replicas (running or starting)")
+    axis.grid(alpha=0.3)
+    if spec is not None:
+        rate_axis = axis.twinx()
+        xs = [i * spec.duration_s / 400 for i in range(401)]
+        rate_axis.plot(
+            [x / 3600 for x in xs],
+            [spec.rate_at(x) for x in xs],
+            color="grey",
+            alpha=0.4,
+            label="arrivals/s",
+        )
+        rate_axis.set_ylabel("arrivals per second")
+    axis.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
+    temporary.replace(path)
+
+
+def update_routing_summary(path: Path, simulation: dict[str, float]) -> None:
+    """Replace the `simulation` block of the routing summary, keeping its other keys."""
+    document = json.loads(path.read_text()) if path.exists() else {}
+    document["simulation"] = simulation
+    _write_json(path, document)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    config = load_config(args.file)
+    hardware = HardwareScale.load(args.hardware) if args.hardware else None
+    profile = Path(
+        args.profile
+        or (
+            config.resolve_path(config.routing.profile)
+            if config.routing.profile
+            else DEFAULT_PROFILE
+        )
+    )
+    model = model_for(config, profile, hardware)
+    spec = traces.TraceSpec.load(args.trace) if args.trace.endswith((".yaml", ".yml")) else None
+    requests = traces.load(args.trace)
+    if args.write_trace:
+        traces.write(requests, args.write_trace)
+    budget = args.budget or config.targets[0].replica_budget
+    if budget is None:
+        budget = sum(p.autoscaling.max_replicas for p in config.pools)
+    slo_rate = args.min_tok_s or (
+        1 / config.routing.tpot_slo_s if config.routing.tpot_slo_s else 20.0
+    )
+    slo = Slo(ttft_s=args.ttft_slo_s or config.routing.ttft_slo_s or 5.0, per_user_tok_s=slo_rate)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"{len(requests)} requests over {requests[-1].arrival_s / 3600:.1f} h; budget {budget} "
+        f"replicas; SLO: TTFT <= {slo.ttft_s} s, >= {slo.per_user_tok_s} tok/s per user"
+    )
+    results: list[SimulationResult] = []
+    started = time.monotonic()
+    for strategy in tqdm(strategies(config, model, slo, budget), desc="strategies", unit="run"):
+        simulation = Simulation(
+            strategy,
+            model.pools,
+            slo,
+            args.step_s,
+            args.control_interval_s,
+            args.replica_start_s,
+            args.warmup_s,
+        )
+        results.append(simulation.run(requests))
+    best = best_static(results)
+    ours = next(r for r in results if r.strategy == OURS)
+    roles = {p.name: p.role for p in config.pools}
+    context = config.routing.long_context_tokens
+    document = {
+        "config": args.file,
+        "trace": args.trace,
+        "requests": len(requests),
+        "budget_replicas": budget,
+        "gpus_per_replica": config.targets[0].accelerators_per_replica,
+        "slo": slo.__dict__,
+        "profile": str(profile),
+        "hardware": hardware.model_dump() if hardware else None,
+        "lift_by_concurrency": {
+            "model": lift_by_concurrency(model, roles, [1, 4, 16], context),
+            "documented": hardware.documented_lift if hardware else {},
+            "context_tokens": context,
+        },
+        "settings": {
+            "step_s": args.step_s,
+            "control_interval_s": args.control_interval_s,
+            "replica_start_s": args.replica_start_s,
+            "warmup_s": args.warmup_s,
+        },
+        "seconds": round(time.monotonic() - started, 1),
+        "strategies": [r.summary() for r in results],
+        "best_static": best.strategy,
+        "timelines": {OURS: ours.replicas, best.strategy: best.replicas},
+    }
+    _write_json(out / "result.json", document)
+    (out / "table.md").write_text(table(results, best))
+    plot(document["timelines"], spec, out / "replicas.png")
+    simulation = {
+        "gpu_hours_ours": ours.gpu_hours,
+        "gpu_hours_ray_default": best.gpu_hours,
+        "slo_attainment_ours": ours.slo_attainment,
+        "slo_attainment_ray_default": best.slo_attainment,
+    }
+    if args.summary:
+        update_routing_summary(
+            Path(args.summary),
+            {**simulation, "ray_default_split": best.strategy, "result": str(out / "result.json")},
+        )
+    print(table(results, best), end="")
+    ratio = ours.gpu_hours / best.gpu_hours if best.gpu_hours else math.nan
+    print(
+        f"ours / {best.strategy}: GPU-hours {ratio:.3f}x, SLO attainment "
+        f"{ours.slo_attainment:.3f} vs {best.slo_attainment:.3f}; wrote {out}"
+    )
+    return 0
+
+
+def add_command(commands: Any) -> None:
+    parser = commands.add_parser(
+        "simulate",
+        help="replay a trace against the performance model with our routing and autoscaling "
+        "and with Ray's default, static splits and single pools; GPU-hours, SLO attainment",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("file", metavar="FILE", help="cluster YAML (its first target's pools)")
+    parser.add_argument(
+        "--trace",
+        default=str(DEFAULT_TRACE),
+        help="trace spec (.yaml, generated with its seed) or JSONL requests (default %(default)s)",
+    )
+    parser.add_argument("--write-trace", help="also write the trace's requests as JSONL here")
+    parser.add_argument(
+        "--profile",
+        help="calibration profile (default: the config's "
+        "routing.profile, else configs/profiles/embedded.yaml)",
+    )
+    parser.add_argument(
+        "--hardware",
+        help="HardwareScale YAML that carries the profile over to "
+        "the config's hardware (default: use the profile as measured)",
+    )
+    parser.add_argument(
+        "--budget", type=int, help="most replicas of the target (default: its replica_budget)"
+    )
+    parser.add_argument(
+        "--ttft-slo-s", type=float, help="TTFT objective (default: routing.ttft_slo_s, else 5)"
+    )
+    parser.add_argument(
+        "--min-tok-s",
+        type=float,
+        help="per-user decode rate objective (default: 1 / routing.tpot_slo_s, else 20)",
+    )
+    parser.add_argument(
+        "--replica-start-s",
+        type=float,
+        default=300.0,
+        help="decision to serving for a new replica (default %(default)s)",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=1800.0,
+        help="first seconds not counted (requests nor GPU time): every strategy "
+        "starts at its pools' minimum replicas (default %(default)s)",
+    )
+    parser.add_argument(
+        "--step-s", type=float, default=1.0, help="simulation time step (default %(default)s)"
+    )
+    parser.add_argument(
+        "--control-interval-s",
+        type=float,
+        default=10.0,
+        help="autoscaling decisions every this many seconds, as Serve's metrics "
+        "push (default %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        default="benchmarks/results/simulation",
+        help="output directory (default %(default)s)",
+    )
+    parser.add_argument(
+        "--summary",
+        default=str(ROUTING_SUMMARY),
+        help="routing summary whose `simulation` block is replaced "
+        "('' to skip; default %(default)s)",
+    )
+    parser.set_defaults(func=run)

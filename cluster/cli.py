@@ -269,6 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     from cluster.simulate.cli import add_command as add_simulate_command
 
     add_simulate_command(commands)
+
+    from cluster.load_step import add_command as add_load_step_command
+
+    add_load_step_command(commands)
     return parser
 
 

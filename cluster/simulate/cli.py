@@ -113,10 +113,11 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
     temporary.replace(path)
 
 
-def update_routing_summary(path: Path, simulation: dict[str, float]) -> None:
-    """Replace the `simulation` block of the routing summary, keeping its other keys."""
+def update_summary(path: Path, key: str, block: dict[str, Any]) -> None:
+    """Replace one block of the routing summary (`simulation`, `load_step`, `points`), keeping
+    the others: each comes from its own command."""
     document = json.loads(path.read_text()) if path.exists() else {}
-    document["simulation"] = simulation
+    document[key] = block
     _write_json(path, document)
 
 
@@ -203,8 +204,9 @@ def run(args: argparse.Namespace) -> int:
         "slo_attainment_ray_default": best.slo_attainment,
     }
     if args.summary:
-        update_routing_summary(
+        update_summary(
             Path(args.summary),
+            "simulation",
             {**simulation, "ray_default_split": best.strategy, "result": str(out / "result.json")},
         )
     print(table(results, best), end="")

@@ -37,7 +37,7 @@ from cluster.autoscale.policy import (
     within_budget,
 )
 from cluster.config import RoutingConfig
-from cluster.routing import PoolLoad, RequestFeatures, choose_pool
+from cluster.routing import Decision, PoolLoad, RequestFeatures, choose_pool
 from cluster.simulate.trace import TraceRequest
 
 CONTEXT_BUCKET_TOKENS = 256
@@ -233,14 +233,17 @@ class Simulation:
             max_batch=pool.setup.max_batch,
         )
 
-    def route(self, request: TraceRequest, now: float) -> str:
-        """The pool `choose_pool` picks for `request` given the pools' load now."""
-        if len(self.pools) == 1:
-            return next(iter(self.pools))
+    def decide(self, request: TraceRequest, now: float) -> Decision:
+        """`choose_pool`'s decision for `request` given the pools' load now (the request's
+        output length is its `max_tokens`)."""
         loads = {name: self.load(name, now) for name in self.pools}
         features = RequestFeatures(request.prompt_tokens, request.output_tokens)
-        decision = choose_pool(features, loads, self.strategy.routing_model, self.strategy.routing)
-        return decision.pool
+        return choose_pool(features, loads, self.strategy.routing_model, self.strategy.routing)
+
+    def route(self, request: TraceRequest, now: float) -> str:
+        if len(self.pools) == 1:
+            return next(iter(self.pools))
+        return self.decide(request, now).pool
 
     def _arrive(self, request: TraceRequest, now: float) -> None:
         """Queue the request in its pool; when that queue is full, in the other pool's (the

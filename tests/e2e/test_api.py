@@ -150,7 +150,9 @@ def test_speculative_pool_reports_speculation_stats(client, cluster):
     assert delta.mean_acceptance_length >= ACCEPTANCE_FLOOR, delta.summary()
     assert spec_stats["generation_tokens"] - before["speculative"]["generation_tokens"] >= 64
     assert "spec_accepted_pos_0" in spec_stats
-    assert thr_stats["spec_drafts"] == 0 and thr_stats["generation_tokens"] > 0
+    # The throughput pool does not speculate (it may have served nothing yet: at idle the
+    # model routes short prompts to the speculative pool too).
+    assert thr_stats["spec_drafts"] == 0
 
 
 def test_sixteen_concurrent_short_requests_all_succeed(client, cluster):
@@ -226,7 +228,7 @@ def test_span_tree_exported_over_otlp(cluster):
     assert by_name["cluster.route"].parent_span_id == root.span_id
     assert by_name["cluster.pool_call"].parent_span_id == root.span_id
     attributes = {a.key: a.value for a in root.attributes}
-    assert attributes["cluster.pool"].string_value == "throughput"
+    assert attributes["cluster.pool"].string_value == response.headers["x-cluster-pool"]
     assert attributes["cluster.output_tokens"].int_value > 0
     assert attributes["cluster.ttft_ms"].double_value > 0
 

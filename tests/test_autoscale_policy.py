@@ -11,11 +11,14 @@ from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import (
     PoolScalingState,
     PoolScalingTarget,
+    capacity_at,
     desired_replicas,
     fewest_replicas,
     fit_to_budget,
     mean_rate,
+    offered_tokens_per_s,
     share_budget,
+    within_budget,
 )
 
 PROFILE = Path(__file__).resolve().parent.parent / "configs" / "profiles" / "embedded.yaml"
@@ -173,3 +176,78 @@ def test_budget_that_cannot_meet_the_minimums_is_refused():
 )
 def test_fit_to_budget_cuts_the_pool_furthest_above_its_minimum(wanted, mins, budget, expected):
     assert fit_to_budget(wanted, mins, budget) == expected
+
+
+S_, T_ = "speculative", "throughput"
+
+SIZED = {
+    S_: PoolScalingTarget(min_replicas=1, max_replicas=6, target_per_user_tok_s=10, max_batch=16),
+    T_: PoolScalingTarget(min_replicas=1, max_replicas=6, target_per_user_tok_s=5, max_batch=32),
+}
+
+
+def capacities() -> dict[str, float]:
+    """Tokens/s one replica decodes at its pool's target rate (what within_budget sizes by)."""
+    out = {}
+    for name, target in SIZED.items():
+        fits = capacity_at(MODELS[name], target, target.target_rate)
+        out[name] = fits * MODELS[name].per_user_rate(fits, target.context_tokens)
+    return out
+
+
+def sized(spec_running: int, thr_running: int, replicas=(1, 1), budget=6, **kw):
+    pools = {
+        S_: busy(replicas[0], spec_running // max(replicas[0], 1)),
+        T_: busy(replicas[1], thr_running // max(replicas[1], 1)),
+    }
+    wanted = {S_: replicas[0], T_: replicas[1]}
+    return within_budget(wanted, pools, MODELS, budget, SIZED, **kw), pools
+
+
+def test_capacity_at_is_the_largest_batch_meeting_the_rate():
+    target = SIZED[S_]
+    fits = capacity_at(MODELS[S_], target, 10)
+    assert 1 <= fits < 16
+    assert MODELS[S_].per_user_rate(fits, 1024) >= 10 > MODELS[S_].per_user_rate(fits + 1, 1024)
+    assert capacity_at(MODELS[S_], target, 1000) == 0
+
+
+def test_within_budget_grows_the_total_with_the_load():
+    light, pools = sized(2, 0)
+    assert light == {S_: 1, T_: 1}
+    heavy, pools = sized(8, 8, replicas=(2, 2))
+    load = sum(offered_tokens_per_s(pools[n], MODELS[n], SIZED[n]) for n in pools)
+    cap = capacities()
+    assert sum(heavy.values()) > 2
+    assert heavy[S_] * cap[S_] + heavy[T_] * cap[T_] >= load
+    # the fewest: one replica less cannot cover the load
+    fewer = sum(heavy.values()) - 1
+    assert max(a * cap[S_] + (fewer - a) * cap[T_] for a in range(1, fewer)) < load
+
+
+def test_within_budget_shrinks_only_with_spare_capacity():
+    # Load that 2 replicas cover without the 20% margin: 3 stay, 2 would be chosen from 1.
+    cap = min(capacities().values())
+    for running in range(1, 200):
+        pools = {S_: busy(1, running), T_: busy(0, 0)}
+        load = offered_tokens_per_s(pools[S_], MODELS[S_], SIZED[S_])
+        if 1.7 * cap < load < 1.95 * cap:
+            break
+    grown, _ = sized(running, 0, replicas=(1, 1))
+    kept, _ = sized(running, 0, replicas=(2, 1))
+    assert sum(grown.values()) == 2 and sum(kept.values()) == 3
+
+
+def test_within_budget_at_the_budget_grows_only_into_free_replicas():
+    # Overloaded: the budget, but the pool that grows waits for the other to drain.
+    split, _ = sized(200, 200, replicas=(5, 1), budget=6)
+    assert sum(split.values()) <= 6 and split[T_] == 1
+
+
+def test_within_budget_without_models_cuts_each_want_to_fit():
+    pools = {S_: busy(2, 4), T_: busy(3, 4)}
+    split = within_budget({S_: 4, T_: 5}, pools, {S_: None, T_: None}, 6, SIZED)
+    assert split == fit_to_budget({S_: 4, T_: 5}, {S_: 1, T_: 1}, 6)
+    assert within_budget({S_: 2, T_: 3}, pools, {S_: None, T_: None}, 6, SIZED) == {
+        S_: 2, T_: 3,
+    }  # fmt: skip

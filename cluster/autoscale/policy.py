@@ -347,6 +347,19 @@ def offered_tokens_per_s(
     return state.demand * rate
 
 
+def _grow_into_free_budget(
+    split: dict[str, int], current: Mapping[str, int], budget: int
+) -> dict[str, int]:
+    """A pool grows only into replicas the budget has free now: Serve shrinks the other pool
+    after its `downscale_delay_s` (draining), so until then the budget holds both."""
+    grown = dict(split)
+    for name in grown:
+        others = sum(max(current[o], split[o]) for o in grown if o != name)
+        if grown[name] > current[name]:
+            grown[name] = max(current[name], min(grown[name], budget - others))
+    return grown
+
+
 def within_budget(
     wanted: Mapping[str, int],
     pools: Mapping[str, PoolScalingState],
@@ -365,7 +378,9 @@ def within_budget(
     more. As load rises the total grows and the split moves to whichever pool holds more per
     replica at the target (the throughput pool once speculation stops paying), and back as it
     falls. A total below the current one must cover the load with `hysteresis` to spare. When
-    even the budget cannot: the budget, split for the most capacity.
+    even the budget cannot: the budget, split for the most capacity (within `SHARE_HYSTERESIS`,
+    the most speculative replicas). A pool grows only into
+    replicas the budget has free now (the other pool drains first).
 
     Otherwise: each pool's own `wanted` (`desired_replicas`) while together they fit; beyond the
     budget each want is cut to fit (`fit_to_budget`)."""
@@ -394,13 +409,20 @@ def within_budget(
         def served(split: dict[str, int]) -> float:
             return sum(split[n] * capacity[n] for n in names)
 
+        chosen = None
         for total in range(1, budget + 1):
             needed = load * (1 + hysteresis) if total < current else load
             feasible = [split for split in splits(total) if served(split) >= needed]
             if feasible:
-                return max(feasible, key=lambda split: split[first])
-        # Overloaded even at the budget: the split that serves the most at the target rates.
-        return max(splits(budget), key=lambda split: (served(split), split[first]))
+                chosen = max(feasible, key=lambda split: split[first])
+                break
+        if chosen is None:  # overloaded even at the budget: about the most capacity, spec first
+            most = max(served(split) for split in splits(budget))
+            near = [
+                split for split in splits(budget) if served(split) >= most * (1 - SHARE_HYSTERESIS)
+            ]
+            chosen = max(near, key=lambda split: split[first])
+        return _grow_into_free_budget(chosen, {n: pools[n].replicas for n in names}, budget)
     if sum(wanted.values()) <= budget:
         return dict(wanted)
     return fit_to_budget(wanted, {name: t.min_replicas for name, t in targets.items()}, budget)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from cluster.models import EMBEDDED_SOURCE_PREFIX, local_model_path
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "embedded.yaml"
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -615,6 +618,19 @@ def _format_errors(source: str, error: ValidationError) -> str:
         else:
             lines.append(f"{source}: {message}")
     return "\n".join(lines)
+
+
+def load_yaml_model(model: type[ModelT], path: str | Path) -> ModelT:
+    """A pydantic model from a YAML file; a problem is a `ConfigError` naming the file and the
+    field (traces, hardware scales: the files next to the cluster config)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"{path}: {error}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_errors(str(path), error)) from None
 
 
 def parse_config(

@@ -13,7 +13,7 @@ from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
 
 from cluster.autoscale.model import PerformanceModel
 from cluster.cli import main
-from cluster.config import load_config
+from cluster.config import ConfigError, load_config
 from cluster.simulate import trace
 from cluster.simulate.engine import (
     CONTEXT_BUCKET_TOKENS,
@@ -88,7 +88,7 @@ def test_jsonl_round_trip_and_bad_lines(tmp_path):
 def test_bad_spec_names_file_and_field(tmp_path):
     path = tmp_path / "spec.yaml"
     path.write_text("peak_rate_per_s: -1\ntrough_rate_per_s: 0\nkinds: []\n")
-    with pytest.raises(ValueError, match=r"spec.yaml: peak_rate_per_s: "):
+    with pytest.raises(ConfigError, match=r"spec.yaml: peak_rate_per_s: "):
         trace.TraceSpec.load(path)
 
 

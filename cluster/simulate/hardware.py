@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.autoscale.model import PerformanceModel, PoolModel
+from cluster.config import load_yaml_model
 
 ANCHOR_CONTEXT_TOKENS = 1000
 """Context (on the target hardware) at which the rate and TTFT anchors hold."""
@@ -57,12 +57,7 @@ class HardwareScale(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> HardwareScale:
-        try:
-            return cls.model_validate(yaml.safe_load(Path(path).read_text()))
-        except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            raise ValueError(f"{path}: {where}: {first['msg']}") from None
+        return load_yaml_model(cls, path)
 
 
 @dataclass

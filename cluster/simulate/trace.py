@@ -16,8 +16,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from cluster.config import load_yaml_model
 
 
 class _Strict(BaseModel):
@@ -64,12 +65,7 @@ class TraceSpec(_Strict):
 
     @classmethod
     def load(cls, path: str | Path) -> TraceSpec:
-        try:
-            return cls.model_validate(yaml.safe_load(Path(path).read_text()))
-        except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            raise ValueError(f"{path}: {where}: {first['msg']}") from None
+        return load_yaml_model(cls, path)
 
     def rate_at(self, t_s: float) -> float:
         """Arrivals per second at simulated time `t_s`."""

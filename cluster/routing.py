@@ -80,7 +80,8 @@ class PoolLoad:
     stats_age_s: float = 0.0
     """How old `running_replicas` / `in_flight` are (seconds since measured)."""
     max_batch: int | None = None
-    """Requests one replica runs at once (`max_ongoing_requests`); more wait for a slot."""
+    """Requests one replica runs at once (its engine's `max_num_seqs`, at most
+    `max_ongoing_requests`); more wait for a slot."""
 
     @property
     def up(self) -> bool:

@@ -227,6 +227,7 @@ def pool_refs(config: ClusterConfig) -> list[PoolRef]:
             max_queued_requests=pool.max_queued_requests,
             queue_timeout_s=pool.queue_timeout_s,
             scales_from_zero=pool.autoscaling.min_replicas == 0,
+            max_num_seqs=pool.engine.max_num_seqs,
         )
         for pool in config.pools
     ]

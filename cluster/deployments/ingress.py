@@ -298,10 +298,11 @@ def ingress_class(server: ServerConfig) -> type:
             return decision.pool, decision.reason.value, decision.header
 
         def _load(self, pool: str) -> PoolLoad:
-            gate = self._pools.gates[pool]
+            gate, ref = self._pools.gates[pool], self._pools.pools[pool]
             return PoolLoad(
-                self._pools.pools[pool].role, gate.running_replicas, gate.in_flight,
-                gate.scales_from_zero, stats_age_s=gate.status_age_s, max_batch=gate.per_replica,
+                ref.role, gate.running_replicas, gate.in_flight, gate.scales_from_zero,
+                stats_age_s=gate.status_age_s,
+                max_batch=min(gate.per_replica, ref.max_num_seqs),
             )  # fmt: skip
 
         def _record(self, request_id, target, pool, reason, prompt_tokens, key_name, trace):

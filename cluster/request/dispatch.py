@@ -26,6 +26,9 @@ class PoolRef:
     max_queued_requests: int
     queue_timeout_s: float
     scales_from_zero: bool
+    max_num_seqs: int
+    """Requests one replica's engine runs at once (more wait inside it): the batch the routing
+    model caps a prediction at, and beyond which it counts the wait for a slot."""
 
 
 def running_replicas(replica_states: dict[Any, int]) -> int:

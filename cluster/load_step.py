@@ -125,6 +125,17 @@ def running(base_url: str) -> dict[str, int]:
     return {name: state["running_replicas"] for name, state in pools.items()}
 
 
+def replica_changes(samples: list[dict[str, Any]]) -> int:
+    """Changes of a pool's running replicas between consecutive samples (a decision is logged
+    again while its replica starts, so the log overcounts)."""
+    changes = 0
+    for before, after in zip(samples, samples[1:], strict=False):
+        changes += sum(
+            after["running"].get(pool) != count for pool, count in before["running"].items()
+        )
+    return changes
+
+
 def decisions(controller_logs: list[Path], since: float) -> list[dict[str, Any]]:
     found = []
     for path in controller_logs:
@@ -149,8 +160,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
         replicas.step([s["t"] - start for s in samples],
                       [s["running"].get(pool, 0) for s in samples], where="post",
                       label=f"{pool}: running replicas")  # fmt: skip
+    shown = set()  # a decision is logged again while its replica starts: label it once
     for decision in result["decisions"]:
-        if decision["before"] != decision["after"]:
+        key = (decision["pool"], decision["before"], decision["after"])
+        if decision["before"] != decision["after"] and key not in shown:
+            shown = {k for k in shown if k[0] != key[0]} | {key}
             replicas.annotate(
                 f"{decision['pool']} {decision['before']}->{decision['after']}\n"
                 f"{decision['reason']}", (decision["t"] - start, decision["after"]),
@@ -193,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                 while time.time() < phase_end:
                     samples.append({"t": time.time(), "running": running(server.base_url)})
                     time.sleep(2)
-                    bar.update(2)
+                    bar.update(min(round(time.time() - started), round(total)) - bar.n)
         load.finish()
         ended = time.time()
         controller = sorted(serve_logs.glob("controller_*.log")) if serve_logs else []
@@ -210,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         "requests": len(load.records),
         "failed": len(failed),
         "failures": failed[:20],
-        "replica_changes": sum(d["before"] != d["after"] for d in found),
+        "replica_changes": replica_changes(samples),
         "samples": samples,
         "decisions": found,
         "routed": {pool: sum(r["pool"] == pool for r in load.records)

@@ -94,8 +94,8 @@ def test_schema_rejects_what_kuberay_would(field, value):
 
 # (preset, pool, GPUs per pod, EFA devices, minReplicas, maxReplicas)
 POOL_TABLE = [
-    ("prod", "speculative", 8, 8, 1, 4),
-    ("prod", "throughput", 8, 8, 1, 8),
+    ("prod", "speculative", 8, 8, 1, 7),
+    ("prod", "throughput", 8, 8, 1, 7),
     ("dev", "speculative", 1, None, 0, 1),
     ("dev", "throughput", 1, None, 0, 2),
 ]

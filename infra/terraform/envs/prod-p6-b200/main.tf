@@ -19,19 +19,20 @@ locals {
   # Pool names match the cluster YAML's pools: node groups, worker groups and node labels line up.
   # Reservations first (ODCR or Capacity Blocks for ML), on-demand when none is left.
   capacity_types = length(var.capacity_reservation_ids) > 0 ? ["reserved", "on-demand"] : ["on-demand"]
-  # max_nodes = the pool's max_replicas (one replica = one 8-GPU node).
+  # max_nodes = the pool's max_replicas (one replica = one 8-GPU node); the target's replica_budget
+  # (8) keeps both pools together within 8 nodes.
   gpu_pools = [
     {
       name                     = "speculative"
       instance_types           = ["p6-b200.48xlarge"]
-      max_nodes                = 4
+      max_nodes                = 7
       capacity_types           = local.capacity_types
       capacity_reservation_ids = var.capacity_reservation_ids
     },
     {
       name                     = "throughput"
       instance_types           = ["p6-b200.48xlarge"]
-      max_nodes                = 8
+      max_nodes                = 7
       capacity_types           = local.capacity_types
       capacity_reservation_ids = var.capacity_reservation_ids
     },

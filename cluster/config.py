@@ -75,11 +75,13 @@ class TargetConfig(_Strict):
     """Most replicas this target's pools may hold together (e.g. the GPUs you can get divided
     by `accelerators_per_replica`). Set: an application-level autoscaling policy
     (`cluster.autoscale.ray_policy.BudgetAutoscalingPolicy`, Serve's app config
-    `autoscaling_policy`) sizes every pool of the application with the `model` policy and
-    shares the budget between the target's pools in proportion to what each wants above its
-    minimum; Serve then ignores the per-pool policies. Only a declarative deploy applies it
-    (the KubeRay `serveConfigV2`; Serve's `serve.run`, which `cluster serve` uses, has no such
-    option: there each pool keeps its own policy and `max_replicas`). None: no shared budget."""
+    `autoscaling_policy`) sizes the target's pools together (`cluster.autoscale.policy.
+    within_budget`): with `routing.profile` and each pool's `target_per_user_tok_s`, the fewest
+    replicas whose capacity at those rates covers the load, speculative first; otherwise each
+    pool's own `model` decision, cut to fit. Serve then ignores the per-pool policies. Only a
+    declarative deploy applies it (the KubeRay `serveConfigV2`; Serve's `serve.run`, which
+    `cluster serve` uses, has no such option: there each pool keeps its own policy and
+    `max_replicas`). None: no shared budget."""
 
     content_part_types: list[str] = Field(default_factory=lambda: ["text"])
     """Chat content part types the ingress accepts (`text`; add `image_url`, `input_audio`

@@ -33,7 +33,7 @@ from cluster.simulate.cli import ROUTING_SUMMARY, update_summary
 
 DECISION = re.compile(
     r"(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ .*" + re.escape(DECISION_LOG_PREFIX)
-    + r"pool-(?P<pool>\S+) replicas=(?P<before>\d+)->(?P<after>\d+) reason=(?P<reason>\S+)"
+    + r"pool-(?P<pool>\S+) replicas=(?P<before>\d+)->(?P<after>\d+) reason=(?P<reason>.*?) inputs="
 )  # fmt: skip
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
@@ -120,16 +120,20 @@ class Load:
 
 
 def running(base_url: str) -> dict[str, int]:
-    """Running replicas per pool, as the ingress sees them."""
-    pools = requests.get(f"{base_url}/readyz", timeout=30).json()["pools"]
+    """Running replicas per pool, as the ingress sees them ({} when it does not answer: a
+    gap in the plot, not the end of the run)."""
+    try:
+        pools = requests.get(f"{base_url}/readyz", timeout=30).json()["pools"]
+    except (requests.RequestException, ValueError, KeyError):
+        return {}
     return {name: state["running_replicas"] for name, state in pools.items()}
 
 
 def replica_changes(samples: list[dict[str, Any]]) -> int:
     """Changes of a pool's running replicas between consecutive samples (a decision is logged
     again while its replica starts, so the log overcounts)."""
-    changes = 0
-    for before, after in zip(samples, samples[1:], strict=False):
+    changes, answered = 0, [s for s in samples if s["running"]]
+    for before, after in zip(answered, answered[1:], strict=False):
         changes += sum(
             after["running"].get(pool) != count for pool, count in before["running"].items()
         )

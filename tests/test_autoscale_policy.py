@@ -215,7 +215,7 @@ def test_capacity_at_is_the_largest_batch_meeting_the_rate():
 def test_within_budget_grows_the_total_with_the_load():
     light, pools = sized(2, 0)
     assert light == {S_: 1, T_: 1}
-    heavy, pools = sized(8, 8, replicas=(2, 2))
+    heavy, pools = sized(8, 8, replicas=(1, 1))  # growing: no margin needed
     load = sum(offered_tokens_per_s(pools[n], MODELS[n], SIZED[n]) for n in pools)
     cap = capacities()
     assert sum(heavy.values()) > 2
@@ -226,16 +226,34 @@ def test_within_budget_grows_the_total_with_the_load():
 
 
 def test_within_budget_shrinks_only_with_spare_capacity():
-    # Load that 2 replicas cover without the 20% margin: 3 stay, 2 would be chosen from 1.
-    cap = min(capacities().values())
+    # A load that one replica of each pool covers, but not with the 20% margin: from 2 replicas
+    # it stays at 2; from 3 it does not shrink to 2.
+    cap = capacities()
+    two = cap[S_] + cap[T_]
     for running in range(1, 200):
         pools = {S_: busy(1, running), T_: busy(0, 0)}
         load = offered_tokens_per_s(pools[S_], MODELS[S_], SIZED[S_])
-        if 1.7 * cap < load < 1.95 * cap:
+        if two / 1.2 < load <= two:
             break
+    else:
+        raise AssertionError("no load between the two bounds")
     grown, _ = sized(running, 0, replicas=(1, 1))
     kept, _ = sized(running, 0, replicas=(2, 1))
     assert sum(grown.values()) == 2 and sum(kept.values()) == 3
+
+
+def test_within_budget_load_does_not_grow_with_the_replicas():
+    # The same requests on more replicas decode faster, but need no more capacity: the pool
+    # shrinks back to what they need at the target.
+    few, _ = sized(5, 0, replicas=(1, 1))
+    many, _ = sized(5, 0, replicas=(5, 1))
+    assert few == many and sum(many.values()) < 6
+
+
+def test_within_budget_holds_while_a_pool_is_stale():
+    pools = {S_: busy(3, 4), T_: busy(2, 0, now=1000.0)}
+    pools[T_] = PoolScalingState(2, pools[T_].stats, now_s=1000.0, stats_at_s=900.0)
+    assert within_budget({S_: 1, T_: 1}, pools, MODELS, 6, SIZED) == {S_: 3, T_: 2}
 
 
 def test_within_budget_at_the_budget_grows_only_into_free_replicas():

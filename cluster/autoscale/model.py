@@ -100,6 +100,7 @@ class PoolSpeculation(BaseModel):
             return 0
         if not self.schedule:
             return self.num_speculative_tokens
+        batch = math.ceil(batch)  # a scaled model's batch may be fractional; ranges are whole
         for first, last, k in self.schedule:
             if first <= batch <= last:
                 return k

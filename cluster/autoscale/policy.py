@@ -330,21 +330,21 @@ MAX_SEARCHED_BATCH = 1024
 """`capacity_at` without a `max_batch`: the largest batch it tries."""
 
 
+def rate_at_capacity(model: PoolModel, target: PoolScalingTarget) -> float:
+    """Per-user rate of a replica running `capacity_at` requests (the target rate when it
+    cannot run even one at it)."""
+    rate = target.target_rate or 0.0
+    fits = capacity_at(model, target, rate)
+    return model.per_user_rate(fits, target.context_tokens) if fits else rate
+
+
 def offered_tokens_per_s(
     state: PoolScalingState, model: PoolModel, target: PoolScalingTarget
 ) -> float:
-    """Output tokens/s the pool's requests need: each at the rate the model predicts for it now
-    (requests spread evenly over the replicas, a batch capped at `max_batch`), and at least at
-    the target rate (an overloaded pool's requests need capacity for the rate they should get,
-    not the one they get)."""
-    if not state.demand:
-        return 0.0
-    rate = target.target_rate or 0.0
-    if state.replicas > 0:
-        batch = math.ceil(state.demand / state.replicas)
-        batch = min(batch, target.max_batch) if target.max_batch else batch
-        rate = max(rate, model.per_user_rate(batch, target.context_tokens))
-    return state.demand * rate
+    """Output tokens/s the pool's requests need: each at the rate of a replica packed to its
+    capacity at the target rate. Not the rate they get now: that grows with the replicas the
+    pool already has, and the pool would never shrink."""
+    return state.demand * rate_at_capacity(model, target)
 
 
 def _grow_into_free_budget(
@@ -370,33 +370,36 @@ def within_budget(
 ) -> dict[str, int]:
     """A target's pools under a shared replica budget, sized together.
 
-    With a model and a target rate for both pools: the output tokens/s the pools' requests
-    decode at now (`offered_tokens_per_s`) is the load; a replica's capacity is the tokens/s it
-    decodes with as many requests as it can run at its pool's target rate (`capacity_at`).
-    The fewest replicas in all (up to `budget`) whose capacity covers the load win, with as many
+    With a model and a target rate for both pools: the load is the output tokens/s the pools'
+    requests need (`offered_tokens_per_s`); a replica's capacity is the tokens/s it decodes with
+    as many requests as it can run at its pool's target rate (`capacity_at`). The fewest
+    replicas in all (up to `budget`) whose capacity covers the load win, with as many
     speculative replicas (the first pool) as that allows: at equal capacity they give each user
     more. As load rises the total grows and the split moves to whichever pool holds more per
     replica at the target (the throughput pool once speculation stops paying), and back as it
     falls. A total below the current one must cover the load with `hysteresis` to spare. When
     even the budget cannot: the budget, split for the most capacity (within `SHARE_HYSTERESIS`,
-    the most speculative replicas). A pool grows only into
-    replicas the budget has free now (the other pool drains first).
+    the most speculative replicas). Each pool's cool-downs apply to its change, and a pool
+    grows only into replicas the budget has free now (the other pool drains first). While a
+    pool's stats are stale every pool holds.
 
     Otherwise: each pool's own `wanted` (`desired_replicas`) while together they fit; beyond the
     budget each want is cut to fit (`fit_to_budget`)."""
     names = list(pools)
     rated = all(models.get(n) is not None and targets[n].target_rate for n in names)
+    stale = any(pools[n].replicas and pools[n].stats_age_s > targets[n].max_stats_age_s
+                for n in names)  # fmt: skip
+    if stale:  # a pool whose load is unknown must not be shrunk on it: each holds
+        return {n: min(max(pools[n].replicas, targets[n].min_replicas), targets[n].max_replicas)
+                for n in names}  # fmt: skip
     if len(names) == 2 and rated and any(state.demand for state in pools.values()):
         fitted = {n: models[n] for n in names}
-        capacity = {}
-        for n in names:
-            fits = capacity_at(fitted[n], targets[n], targets[n].target_rate)
-            capacity[n] = (
-                fits * fitted[n].per_user_rate(fits, targets[n].context_tokens) if fits else 0.0
-            )
+        capacity = {n: capacity_at(fitted[n], targets[n], targets[n].target_rate)
+                    * rate_at_capacity(fitted[n], targets[n]) for n in names}  # fmt: skip
         load = sum(offered_tokens_per_s(pools[n], fitted[n], targets[n]) for n in names)
         current = sum(state.replicas for state in pools.values())
         first, second = names
+        budget = min(budget, sum(targets[n].max_replicas for n in names))
 
         def splits(total: int) -> list[dict[str, int]]:
             most = min(total, targets[first].max_replicas)
@@ -416,13 +419,18 @@ def within_budget(
             if feasible:
                 chosen = max(feasible, key=lambda split: split[first])
                 break
-        if chosen is None:  # overloaded even at the budget: about the most capacity, spec first
+        if chosen is None and splits(budget):  # overloaded even at the budget
             most = max(served(split) for split in splits(budget))
-            near = [
-                split for split in splits(budget) if served(split) >= most * (1 - SHARE_HYSTERESIS)
-            ]
+            near = [s for s in splits(budget) if served(s) >= most * (1 - SHARE_HYSTERESIS)]
             chosen = max(near, key=lambda split: split[first])
-        return _grow_into_free_budget(chosen, {n: pools[n].replicas for n in names}, budget)
+        if chosen is not None:
+            cooled = {
+                n: _cooled(
+                    pools[n], pools[n].replicas, chosen[n], "budget", {}, targets[n]
+                ).replicas
+                for n in names
+            }
+            return _grow_into_free_budget(cooled, {n: pools[n].replicas for n in names}, budget)
     if sum(wanted.values()) <= budget:
         return dict(wanted)
     return fit_to_budget(wanted, {name: t.min_replicas for name, t in targets.items()}, budget)

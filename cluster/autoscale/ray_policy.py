@@ -82,7 +82,9 @@ def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolSc
             stats.append(values)
     fresh = [t for t in latest.values() if now - t <= stale_after_s]
     return PoolScalingState(
-        replicas=ctx.current_num_replicas,
+        # Serve's target (running or starting): `current_num_replicas` counts running ones
+        # only, and a decision below the target reads as a scale-down of a starting replica.
+        replicas=ctx.target_num_replicas,
         stats=stats,
         now_s=now,
         stats_at_s=max(fresh) if stats and fresh else None,
@@ -211,9 +213,10 @@ class BudgetAutoscalingPolicy:
     """Application-level policy (Serve app config `autoscaling_policy: {policy_function:
     "cluster.autoscale.ray_policy:BudgetAutoscalingPolicy", policy_kwargs: {...}}`).
 
-    kwargs: `pools`: {deployment name: {"group": target id, plus `PoolAutoscalingPolicy`
-    kwargs}}, `budgets`: {target id: most replicas of that target's pools together},
-    `log_interval_s`. Deployments not in `pools` are left alone (no decision)."""
+    kwargs: `pools`: {deployment name: {"group": target id, "role": `speculative` or
+    `throughput`, plus `PoolAutoscalingPolicy` kwargs}}, `budgets`: {target id: most replicas
+    of that target's pools together}, `log_interval_s`. Deployments not in `pools` are left
+    alone (no decision)."""
 
     def __init__(self, **kwargs: Any):
         self.pools: dict[str, dict[str, Any]] = kwargs.get("pools", {})
@@ -221,15 +224,20 @@ class BudgetAutoscalingPolicy:
         self.log_interval_s = float(kwargs.get("log_interval_s", 60.0))
         self.tracked = {name: _Pool(pool_kwargs) for name, pool_kwargs in self.pools.items()}
 
+    def _role_order(self, ctx: Any) -> int:
+        return 0 if self.pools[ctx.deployment_name].get("role") == "speculative" else 1
+
     def __call__(self, contexts: dict[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict]]:
         ours = {d: ctx for d, ctx in contexts.items() if ctx.deployment_name in self.pools}
         decisions = {d: self.tracked[ctx.deployment_name].decide(ctx) for d, ctx in ours.items()}
         by_group: dict[str, list[Any]] = {}
-        for d, ctx in ours.items():
+        # Speculative pool first: `within_budget` gives it the ties (Serve's order is its own).
+        for d, ctx in sorted(ours.items(), key=lambda item: self._role_order(item[1])):
             by_group.setdefault(self.pools[ctx.deployment_name].get("group", ""), []).append(d)
         for group, members in by_group.items():
             budget = self.budgets.get(group)
-            if budget is None:
+            expected = sum(1 for kw in self.pools.values() if kw.get("group", "") == group)
+            if budget is None or len(members) != expected:  # a pool missing this tick: hold
                 continue
             try:
                 states = {

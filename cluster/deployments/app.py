@@ -130,7 +130,11 @@ def app_autoscaling_policy(config: ClusterConfig) -> dict[str, Any] | None:
     if not budgets:
         return None
     pools = {
-        pool_deployment_name(p): {"group": p.target, **pool_policy_kwargs(config, p)}
+        pool_deployment_name(p): {
+            "group": p.target,
+            "role": p.role,
+            **pool_policy_kwargs(config, p),
+        }
         for p in config.pools
     }
     return {

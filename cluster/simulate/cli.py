@@ -55,6 +55,8 @@ def best_static(results: list[SimulationResult]) -> SimulationResult:
     """Ray's default with the best static split: highest SLO attainment, then fewest
     GPU-hours among those within `SLO_TIE` of it."""
     static = [r for r in results if r.strategy.startswith(STATIC_PREFIX)]
+    if not static:
+        raise ValueError("no static split to compare with: --budget must be at least 2")
     top = max(r.slo_attainment for r in static)
     return min((r for r in static if r.slo_attainment >= top - SLO_TIE), key=lambda r: r.gpu_hours)
 
@@ -107,9 +109,20 @@ def plot(timelines: dict[str, list[dict[str, Any]]], spec: traces.TraceSpec | No
     plt.close(fig)
 
 
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities (no requests counted, none completed) as null: JSON has neither."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def _write_json(path: Path, document: dict[str, Any]) -> None:
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
+    temporary.write_text(json.dumps(_json_safe(document), indent=1, allow_nan=False) + "\n")
     temporary.replace(path)
 
 
@@ -137,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
     model = model_for(config, profile, hardware)
     spec = traces.TraceSpec.load(args.trace) if args.trace.endswith((".yaml", ".yml")) else None
     requests = traces.load(args.trace)
+    if not requests or args.warmup_s >= requests[-1].arrival_s:
+        raise ValueError(f"{args.trace}: no request after the {args.warmup_s:g} s warm-up")
     if args.write_trace:
         traces.write(requests, args.write_trace)
     budget = args.budget or config.targets[0].replica_budget

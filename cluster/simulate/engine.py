@@ -165,9 +165,9 @@ def gated(pool: _Pool, wanted: int, now: float, interval_s: float) -> int:
     was wanted for `upscale_delay_s` / `downscale_delay_s` (asked every `interval_s`)."""
     setup, current = pool.setup, pool.counted()
     wanted = min(max(wanted, setup.min_replicas), setup.max_replicas)
-    if current == 0 and wanted > 0:  # Serve's cold-start path skips the delay
-        pool.pending_direction = 0
-        return wanted
+    if not pool.running(now) and wanted > 0 and current == 0:
+        pool.pending_direction = 0  # Serve's cold-start path: one replica, no delay
+        return 1
     direction = (wanted > current) - (wanted < current)
     if direction != pool.pending_direction:
         pool.pending_direction, pool.pending_since_s = direction, now
@@ -250,13 +250,22 @@ class Simulation:
         ingress spills to the target's other pool before answering 429); else reject it."""
         sim_request = _Request(request, pool=self.route(request, now))
         chosen = self.pools[sim_request.pool]
-        for pool in (chosen, *(p for p in self.pools.values() if p is not chosen)):
-            if len(pool.queue) < pool.setup.max_queued:
+        others = [p for p in self.pools.values() if p is not chosen]
+        # As the ingress: a free slot in the chosen pool, else one in the other pool, else a
+        # place in the chosen pool's queue, else the other's; else 429.
+        order = [p for p in (chosen, *others) if self._free_slots(p, now)] or [chosen, *others]
+        for pool in order:
+            if len(pool.queue) < pool.setup.max_queued or self._free_slots(pool, now):
                 sim_request.pool = pool.setup.name
                 pool.queue.append(sim_request)
                 return
         sim_request.rejected = True
         self.done.append(sim_request)
+
+    def _free_slots(self, pool: _Pool, now: float) -> int:
+        running = pool.running(now)
+        held = sum(r.active for r in running) + len(pool.queue)
+        return max(0, len(running) * pool.setup.max_batch - held)
 
     def _admit(self, pool: _Pool, now: float) -> None:
         timeout = pool.setup.queue_timeout_s

@@ -84,7 +84,9 @@ def strategies(
         routing=config.routing,
         routing_model=model,
         budget=budget,
-        description="model routing; per-pool rate targets; budget shared by the model",
+        description="model routing on the scaled profile; per-pool rate targets (the "
+        "config's, else the SLO's rate x 1.25); pools sized together within the budget (what "
+        "the preset deploys once it has a calibrated routing.profile)",
     )
     static = [
         Strategy(

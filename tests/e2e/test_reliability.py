@@ -35,6 +35,8 @@ def test_pool_at_zero_replicas_wakes_for_its_first_request():
     # Rule v1's wake-up (the model path is unit-tested: a cold pool is chosen only when its
     # cold start pays off against the warm pool, which an idle cluster never does).
     data["routing"].pop("profile")
+    for pool in data["pools"]:  # a rate target needs the profile's model
+        pool["autoscaling"].pop("target_per_user_tok_s", None)
     with ServeProcess(data, base_dir=EMBEDDED.parent) as serve:
         pools = requests.get(f"{serve.base_url}/readyz", timeout=30).json()["pools"]
         assert pools["speculative"]["running_replicas"] == 0

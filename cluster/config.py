@@ -75,7 +75,7 @@ class TargetConfig(_Strict):
     """Most replicas this target's pools may hold together (e.g. the GPUs you can get divided
     by `accelerators_per_replica`). Set: an application-level autoscaling policy
     (`cluster.autoscale.ray_policy.BudgetAutoscalingPolicy`, Serve's app config
-    `autoscaling_policy`) sizes the target's pools together (`cluster.autoscale.policy.
+    `autoscaling_policy`) sizes the target's pools together (`cluster.autoscale.budget.
     within_budget`): with `routing.profile` and each pool's `target_per_user_tok_s`, the fewest
     replicas whose capacity at those rates covers the load, speculative first; otherwise each
     pool's own `model` decision, cut to fit. Serve then ignores the per-pool policies. Only a

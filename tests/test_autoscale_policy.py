@@ -7,18 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from cluster.autoscale.model import PerformanceModel
-from cluster.autoscale.policy import (
-    PoolScalingState,
-    PoolScalingTarget,
+from cluster.autoscale.budget import (
     capacity_at,
-    desired_replicas,
-    fewest_replicas,
     fit_to_budget,
     mean_rate,
     offered_tokens_per_s,
     share_budget,
     within_budget,
+)
+from cluster.autoscale.model import PerformanceModel
+from cluster.autoscale.policy import (
+    PoolScalingState,
+    PoolScalingTarget,
+    desired_replicas,
+    fewest_replicas,
 )
 
 PROFILE = Path(__file__).resolve().parent.parent / "configs" / "profiles" / "embedded.yaml"

@@ -27,6 +27,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from cluster.autoscale.budget import within_budget
 from cluster.autoscale.model import PerformanceModel, PoolModel
 from cluster.autoscale.policy import (
     PoolScalingState,
@@ -34,7 +35,6 @@ from cluster.autoscale.policy import (
     ScalingDecision,
     desired_replicas,
     observe_acceptance,
-    within_budget,
 )
 
 logger = logging.getLogger("ray.serve")

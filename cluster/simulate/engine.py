@@ -29,12 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.autoscale.budget import within_budget
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import (
     PoolScalingState,
     PoolScalingTarget,
     desired_replicas,
-    within_budget,
 )
 from cluster.config import RoutingConfig
 from cluster.routing import Decision, PoolLoad, RequestFeatures, choose_pool

@@ -293,6 +293,24 @@ def test_statistics_median_min_max_and_pairing():
     )
 
 
+def test_routing_points_pair_routed_with_the_best_static_config():
+    records = []
+    for rep, drift in ((1, 1.0), (2, 2.0), (3, 1.5)):
+        records += [
+            _record("vllm-serve", rep, 50.0 * drift, 50.0),  # a baseline: never the static best
+            _record("none", rep, 10.0 * drift, 10.0),
+            _record("eagle3.1", rep, 16.0 * drift, 10.0),
+            _record("routed", rep, 12.0 * drift, 10.0),
+        ]
+    [point] = stats.routing_points(records)
+    assert point["best_static_name"] == "eagle3.1"
+    assert point["best_static"] == pytest.approx(24.0) and point["routed"] == pytest.approx(18.0)
+    # paired within each repetition: the drift cancels, so min = max
+    assert point["ratio"] == point["min"] == point["max"] == pytest.approx(0.75)
+    assert (point["workload"], point["concurrency"]) == ("code-long-1024", 1)
+    assert stats.routing_points([r for r in records if r["config"] != "routed"]) == []
+
+
 def test_ablation_pairs_against_vllm_serve_and_adds_ttft():
     records = []
     for rep in (1, 2, 3):

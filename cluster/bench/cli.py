@@ -116,6 +116,24 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return _report(json.loads((out / runner.RESULT_FILE).read_text()), out, args.headline)
 
 
+def _cmd_routing_points(args: argparse.Namespace) -> int:
+    """Routed vs the best static configuration of a run, into routing_summary.json."""
+    from cluster.bench import runner, stats
+    from cluster.simulate.cli import update_summary
+
+    result = json.loads((Path(args.run) / runner.RESULT_FILE).read_text())
+    points = stats.routing_points(result["records"])
+    if not points:
+        print(f"{args.run}: no cell where `routed` and another cluster configuration both ran")
+        return 1
+    for p in points:
+        print(f"{p['workload']}@c{p['concurrency']}: routed {p['routed']:.1f} vs "
+              f"{p['best_static_name']} {p['best_static']:.1f} per-user tok/s: ratio "
+              f"{p['ratio']:.3f} ({p['min']:.3f}-{p['max']:.3f})")  # fmt: skip
+    update_summary(Path(args.summary), "points", points)
+    return 0
+
+
 def _cmd_schedule(args: argparse.Namespace) -> int:
     """Derive the dynamic speculation schedule from a sweep run (`--configs none,eagle3.1-kN`)."""
     from cluster.bench import runner, stats
@@ -214,3 +232,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     sched.add_argument("--workload", default="code-long-1024")
     sched.add_argument("--max-batch-size", type=int, default=16, help="the pool's max_num_seqs")
     sched.set_defaults(func=_cmd_schedule)
+    points = sub.add_parser(
+        "routing-points",
+        help="routed vs the best static configuration per cell (paired ratios) into "
+        "benchmarks/results/routing_summary.json",
+    )
+    points.add_argument("run", help="run directory with `routed` and static configurations")
+    points.add_argument("--summary", default="benchmarks/results/routing_summary.json")
+    points.set_defaults(func=_cmd_routing_points)

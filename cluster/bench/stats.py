@@ -34,6 +34,8 @@ RATIO_PAIRS = (
     ("eagle3.1", "vllm-serve"),
 )
 """(numerator, denominator) pairs reported whenever both ran."""
+BASELINE_NAMES = ("vllm-serve", "inprocess", "rayllm")
+"""Configurations that are not our cluster (never a static alternative to routing)."""
 
 
 def spread(values: Iterable[float]) -> dict[str, float] | None:
@@ -149,3 +151,28 @@ def ablation(records: list[dict[str, Any]], reference: str = "vllm-serve") -> li
             if row["per_user_tok_s"] is not None:
                 rows.append(row)
     return rows
+
+
+def routing_points(
+    records: list[dict[str, Any]], routed: str = "routed", metric: str = "per_user_tok_s"
+) -> list[dict[str, Any]]:
+    """Per cell: the routed configuration against the best static one (every other cluster
+    configuration that ran; the best is the one with the highest median `metric` in that
+    cell), the ratio paired within each repetition (`routing_summary.json` `points`)."""
+    statics = [c for c in configs_of(records) if c != routed and c not in BASELINE_NAMES]
+    points = []
+    for cell, workload, concurrency in cells_of(records):
+        ours = cell_stats(records, routed, cell)[metric]
+        medians = {c: (cell_stats(records, c, cell)[metric] or {}).get("median") for c in statics}
+        medians = {c: m for c, m in medians.items() if m is not None}
+        if not ours or not medians:
+            continue
+        best = max(medians, key=medians.get)
+        ratio = spread(paired(records, routed, best, cell, metric))
+        if ratio:
+            points.append({
+                "workload": workload, "concurrency": concurrency, "routed": ours["median"],
+                "best_static": medians[best], "best_static_name": best,
+                "ratio": ratio["median"], "min": ratio["min"], "max": ratio["max"],
+            })  # fmt: skip
+    return points

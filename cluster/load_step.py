@@ -64,6 +64,17 @@ def parse_phases(text: str) -> list[tuple[int, float]]:
     return phases
 
 
+def _is_error_event(line: bytes) -> bool:
+    """An SSE `data:` line whose JSON carries a top-level `error` (the text itself may say
+    "error": a chunk whose content is that one token once counted as a failure)."""
+    if not line.startswith(b"data: {"):
+        return False
+    try:
+        return "error" in json.loads(line[len(b"data: ") :])
+    except ValueError:
+        return False
+
+
 class Load:
     """Closed-loop streaming clients; `concurrency` can change while they run."""
 
@@ -90,7 +101,7 @@ class Load:
                     lines = [line for line in response.iter_lines() if line]
                     if not lines or lines[-1] != b"data: [DONE]":
                         error = "stream ended without [DONE]"
-                    elif any(b'"error"' in line for line in lines):
+                    elif any(_is_error_event(line) for line in lines):
                         error = "error event in the stream"
         except requests.RequestException as exc:
             error = f"{type(exc).__name__}: {exc}"

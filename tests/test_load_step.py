@@ -43,3 +43,13 @@ def test_decisions_from_the_controller_log(tmp_path):
         ("speculative", 1, 1, "hold"), ("throughput", 1, 2, "scale_up"),
     ]  # fmt: skip
     assert decisions([log], since=found[1]["t"]) == found[1:]
+
+
+def test_only_an_error_object_is_an_error_event():
+    from cluster.load_step import _is_error_event
+
+    assert _is_error_event(b'data: {"error": {"message": "replica died", "code": 503}}')
+    # a chunk whose text is the token "error" is output, not a failure
+    assert not _is_error_event(b'data: {"choices": [{"delta": {"content": "error"}}]}')
+    assert not _is_error_event(b"data: [DONE]")
+    assert not _is_error_event(b'data: {"error"')  # not JSON: not an error object

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.autoscale.model import CalibrationProfile, PerformanceModel
+from cluster.bench.runner import write_atomically
 from cluster.config import ClusterConfig, load_config
 from cluster.simulate import trace as traces
 from cluster.simulate.engine import Simulation, SimulationResult, Slo
@@ -121,9 +122,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(_json_safe(document), indent=1, allow_nan=False) + "\n")
-    temporary.replace(path)
+    write_atomically(path, _json_safe(document))
 
 
 def update_summary(path: Path, key: str, block: dict[str, Any]) -> None:

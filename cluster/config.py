@@ -180,6 +180,24 @@ class EngineConfig(_Strict):
     `0` or `0-3`); None = vLLM's `auto`, which reserves a core and binds the rest. Give pools
     sharing a machine disjoint cores so their threads do not contend."""
 
+    cpu_cores_per_replica: list[str] | None = None
+    """CPU only: the cores of each replica when several share a machine, by replica rank (rank
+    r binds to entry r mod the list's length; e.g. `["0", "1"]` for two one-core replicas).
+    Replaces `cpu_omp_threads_bind`, which every replica of a pool shares."""
+
+    @model_validator(mode="after")
+    def _one_core_binding(self) -> EngineConfig:
+        if self.cpu_cores_per_replica is not None:
+            if self.cpu_omp_threads_bind is not None:
+                raise ValueError(
+                    "cpu_cores_per_replica: set it or cpu_omp_threads_bind, not both"
+                )
+            if not self.cpu_cores_per_replica or not all(
+                cores.strip() for cores in self.cpu_cores_per_replica
+            ):
+                raise ValueError("cpu_cores_per_replica: needs one non-empty core list per entry")
+        return self
+
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, passed through unchanged."""
 

@@ -185,6 +185,26 @@ def test_spec_counter_deltas_from_every_source():
     assert SpecCounters.from_engine_metrics(engine) == after
 
 
+def test_mixed_cells_draw_half_short_chat_half_long_code(tokenizer, tmp_path):
+    plan = Plan(
+        workloads=("code-long", "mixed"), contexts=(512,), concurrencies=(4,), output_tokens=32,
+        repeats=1, warmup=0,
+    )  # fmt: skip
+    files = build_prompts(plan, tokenizer, tmp_path)
+    assert set(files) == {(0, "code-long-512@c4"), (0, "mixed-512@c4")}
+    mixed = workloads.read_jsonl(files[(0, "mixed-512@c4")])
+    kinds = [p.kind for p in mixed]
+    assert sorted(kinds) == ["chat-short"] * 4 + ["code-long"] * 4
+    assert kinds != sorted(kinds)  # interleaved, not one kind after the other
+    assert all(p.context_tokens < 512 for p in mixed if p.kind == "chat-short")
+    code = workloads.read_jsonl(files[(0, "code-long-512@c4")])
+    assert {p.kind for p in code} == {"code-long"}
+    first_lines = [p.prompt.split("```python\n", 1)[1].split("\n", 1)[0] for p in mixed + code]
+    assert len(set(first_lines)) == len(first_lines)
+    with pytest.raises(ValueError, match="unknown workload"):
+        Plan(workloads=("chat",))
+
+
 def test_plan_cells_waves_and_seeded_order():
     plan = Plan()
     assert [c.name for c in plan.cells()] == [
@@ -209,7 +229,8 @@ def test_configurations():
 
     preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
     drafter = ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1"
-    names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0")
+    names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0",
+             "speculative-x2", "throughput-x2")  # fmt: skip
     configs = configurations(preset, names, {"eagle3.1": drafter}, 3, [[1, 4, 3], [5, 16, 1]])
     by_name = {c.name: c for c in configs}
     assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
@@ -232,6 +253,17 @@ def test_configurations():
     lever = by_name["none:batch0"].config_data["pools"][0]
     assert lever == {**by_name["none"].config_data["pools"][0], "stream_batching_interval_ms": 0}
     assert len(by_name["routed"].config_data["pools"]) == 2
+    # The static configurations at the routed preset's replicas and cores.
+    routed_pools = by_name["routed"].config_data["pools"]
+    for role in ("speculative", "throughput"):
+        (pool,) = by_name[f"{role}-x2"].config_data["pools"]
+        (original,) = [p for p in routed_pools if p["role"] == role]
+        assert pool.get("speculation") == original.get("speculation")
+        assert pool["engine"]["cpu_cores_per_replica"] == [
+            p["engine"]["cpu_omp_threads_bind"] for p in routed_pools
+        ]
+        assert "cpu_omp_threads_bind" not in pool["engine"]
+        assert pool["autoscaling"]["min_replicas"] == pool["autoscaling"]["max_replicas"] == 2
     for config in configs:
         if config.config_data:
             parse_config(config.config_data, config.name, ROOT / "configs")

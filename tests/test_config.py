@@ -105,6 +105,14 @@ BAD_CASES = {
         "pools[1].autoscaling.min_replicas",
     ),
     "duplicate pool name": (_mutate("pools.1.name", "speculative"), "pools[1].name"),
+    "cores per replica and per pool": (
+        _mutate("pools.0.engine.cpu_cores_per_replica", ["0", "1"]),
+        "pools[0].engine.cpu_cores_per_replica",
+    ),
+    "empty cores of a replica": (
+        _mutate("pools.1.engine", {"cpu_cores_per_replica": ["0", ""]}),
+        "pools[1].engine.cpu_cores_per_replica",
+    ),
 }
 
 
@@ -187,3 +195,18 @@ def test_replica_budget_cannot_break_the_pools_minimums():
     }  # fmt: skip
     with pytest.raises(ConfigError, match=r"targets\[0\]\.replica_budget: 1 is below"):
         parse_config(data)
+
+
+def test_cores_per_replica_reach_each_replica_by_rank():
+    from cluster.deployments.pool_server import CORES_PER_REPLICA_ENV, replica_cores
+
+    data = embedded_data()
+    data["pools"][0]["speculation"]["drafter"] = str(SHIPPED_DRAFTER)
+    engine = data["pools"][1]["engine"]
+    del engine["cpu_omp_threads_bind"]
+    engine["cpu_cores_per_replica"] = ["0", "1-2"]
+    pool = render(parse_config(data, "two-replicas.yaml"))["pools"]["throughput"]
+    env = pool["llm_config"]["runtime_env"]["env_vars"]
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # every replica would share it
+    per_replica = env[CORES_PER_REPLICA_ENV]
+    assert [replica_cores(per_replica, rank) for rank in range(3)] == ["0", "1-2", "0"]

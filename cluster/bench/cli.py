@@ -28,6 +28,7 @@ def _plan(args: argparse.Namespace):
     from cluster.bench.plan import Plan
 
     chosen = {
+        "workloads": args.workloads,
         "contexts": args.contexts,
         "concurrencies": args.concurrency,
         "output_tokens": args.output_tokens,
@@ -59,7 +60,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         names = tuple(result["configs"])
         options = result["options"]
     else:
-        plan = _plan(args)
+        try:
+            plan = _plan(args)
+        except ValueError as error:
+            print(f"cluster bench: {error}", file=sys.stderr)
+            return 2
         names = args.configs or bench_plan.HEADLINE_CONFIGS
         options = {"config": args.config, "k": args.k, "drafter": args.drafter,
                    "schedule": args.schedule}  # fmt: skip
@@ -73,9 +78,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         name, _, path = item.partition("=")
         drafters[name] = Path(path)
     schedule = json.loads(options["schedule"]) if options["schedule"] else None
-    configs = bench_plan.configurations(
-        yaml.safe_load(preset.read_text()), names, drafters, options["k"], schedule
-    )
+    try:
+        configs = bench_plan.configurations(
+            yaml.safe_load(preset.read_text()), names, drafters, options["k"], schedule
+        )
+    except ValueError as error:
+        print(f"cluster bench: {error}", file=sys.stderr)
+        return 2
     if not args.resume:
         out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
@@ -184,6 +193,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--config", default=str(DEFAULT_CONFIG), help="preset the configs derive from"
     )
+    bench.add_argument(
+        "--workloads", type=_csv(str),
+        help="comma-separated: code-long (held-out code continued), mixed (half short "
+        "questions about one function, half code-long); default code-long",
+    )  # fmt: skip
     bench.add_argument("--contexts", type=_csv(int), help="code context tokens (default 1024,2048)")
     bench.add_argument("--concurrency", type=_csv(int), help="closed-loop levels (default 1,4,16)")
     bench.add_argument("--output-tokens", type=int, help="most output tokens (default 128)")

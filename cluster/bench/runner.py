@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from cluster import workloads
 from cluster.bench import metrics
-from cluster.bench.plan import BenchConfig, Cell, Plan
+from cluster.bench.plan import MIXED_CHAT_SHARE, BenchConfig, Cell, Plan
 from cluster.bench.servers import Frozen, InProcessServer, make_room, start
 from cluster.launcher import ServerStartError, session_cpu_seconds
 from cluster.speculation import SpecCounters
@@ -51,10 +51,16 @@ def write_atomically(path: Path, document: dict[str, Any]) -> None:
 
 def build_prompts(plan: Plan, tokenizer, out_dir: Path) -> dict[tuple[int, str], Path]:
     """One JSONL per (repetition, cell): prompts drawn from a pool of held-out files, each
-    with a first code line of its own, so no request can reuse another's cached prefix."""
+    with a first code line of its own, so no request can reuse another's cached prefix. A
+    `mixed` cell draws `MIXED_CHAT_SHARE` of its requests from short chat prompts."""
+    chat = []
+    if "mixed" in plan.workloads:
+        chat = workloads.chat_short(
+            tokenizer, plan.workload_pool, plan.output_tokens, "eval", plan.seed
+        )
     files = {}
     for context in plan.contexts:
-        pool = workloads.code_long(
+        code = workloads.code_long(
             tokenizer, [context], plan.workload_pool, plan.output_tokens, "eval", plan.seed
         )
         for repetition in range(plan.repetitions):
@@ -62,8 +68,12 @@ def build_prompts(plan: Plan, tokenizer, out_dir: Path) -> dict[tuple[int, str],
                 if cell.context_tokens != context:
                     continue
                 rng = random.Random(f"{plan.seed}-{repetition}-{cell.name}")
-                drawn = rng.sample(pool, min(cell.requests, len(pool)))
-                drawn += rng.choices(pool, k=cell.requests - len(drawn))
+                if cell.workload.startswith("mixed"):
+                    chats = round(MIXED_CHAT_SHARE * cell.requests)
+                    drawn = _draw(rng, chat, chats) + _draw(rng, code, cell.requests - chats)
+                    rng.shuffle(drawn)
+                else:
+                    drawn = _draw(rng, code, cell.requests)
                 unique = [
                     replace(
                         p,
@@ -76,6 +86,12 @@ def build_prompts(plan: Plan, tokenizer, out_dir: Path) -> dict[tuple[int, str],
                 path = out_dir / "prompts" / f"r{repetition}-{cell.name}.jsonl"
                 files[(repetition, cell.name)] = workloads.write_jsonl(unique, path)
     return files
+
+
+def _draw(rng: random.Random, pool: list, count: int) -> list:
+    """`count` prompts of `pool`, distinct while the pool lasts."""
+    drawn = rng.sample(pool, min(count, len(pool)))
+    return drawn + rng.choices(pool, k=count - len(drawn))
 
 
 def _get(url: str) -> bytes:

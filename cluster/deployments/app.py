@@ -85,6 +85,10 @@ def _runtime_env(target: TargetConfig, pool: PoolConfig) -> dict[str, Any]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(pool.engine.cpu_kvcache_space_gib)
         if pool.engine.cpu_omp_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = pool.engine.cpu_omp_threads_bind
+        if pool.engine.cpu_cores_per_replica is not None:
+            # Serve gives every replica the same environment; pool_server.bind_replica_cores
+            # picks the replica's entry.
+            env["CLUSTER_CPU_CORES_PER_REPLICA"] = ";".join(pool.engine.cpu_cores_per_replica)
     if target.is_embedded or "://" not in target.source:
         env["HF_HUB_OFFLINE"] = "1"  # local weights: never reach for a hub
     if pool.speculation.trust_drafter_code:

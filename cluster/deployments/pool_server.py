@@ -25,6 +25,8 @@ from cluster.speculation import SpecCounters
 
 TRUST_DRAFTER_CODE_ENV = "CLUSTER_TRUST_DRAFTER_CODE"
 """Set to 1 in a pool's runtime env when its config trusts the drafter's S3 source."""
+CORES_PER_REPLICA_ENV = "CLUSTER_CPU_CORES_PER_REPLICA"
+"""`;`-separated core lists of a pool's replicas (`engine.cpu_cores_per_replica`)."""
 
 logger = logging.getLogger("ray.serve")
 
@@ -108,6 +110,31 @@ def _refuse_invalid_drafter(drafter: str, target: str, trusted: bool) -> None:
         raise ValueError("drafter failed validation:\n" + "\n".join(problems))
 
 
+def replica_cores(per_replica: str, rank: int) -> str:
+    """The core list of the replica of rank `rank` from `CORES_PER_REPLICA_ENV`'s value."""
+    entries = per_replica.split(";")
+    return entries[rank % len(entries)]
+
+
+def bind_replica_cores() -> None:
+    """Point vLLM's OpenMP binding at this replica's cores (before the engine starts: its
+    process inherits the environment). Ranks are per deployment, so two replicas of a pool on
+    one machine get different entries."""
+    per_replica = os.environ.get(CORES_PER_REPLICA_ENV)
+    if not per_replica:
+        return
+    from ray import serve
+
+    rank = serve.get_replica_context().rank
+    rank = getattr(rank, "local_rank", rank)  # a ReplicaRank since Ray 2.5x, an int before
+    if rank is None:
+        logger.warning("Serve gave this replica no rank; binding it like rank 0")
+        rank = 0
+    cores = replica_cores(per_replica, int(rank))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    logger.info("replica of local rank %s binds its engine to cores %s", rank, cores)
+
+
 def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """Only plain finite floats: numpy scalars, bools, None, NaN and infinities are dropped or
     converted, so Serve's type check and the controller's averages always accept them."""
@@ -130,6 +157,7 @@ class PoolServer(LLMServer):
     _default_engine_cls = StatsVLLMEngine
 
     async def __init__(self, llm_config: LLMConfig, **kwargs: Any):
+        bind_replica_cores()
         await asyncio.to_thread(stage_s3_sources, llm_config)
         await super().__init__(llm_config, **kwargs)
 

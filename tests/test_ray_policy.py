@@ -286,6 +286,17 @@ def test_model_policy_sizes_the_pool_for_the_target_rate():
     assert policy(context({R1: engine(24)}, deployment="pool-speculative"))[0] == 4
 
 
+def test_model_policy_sizes_for_the_peak_of_its_demand_window():
+    model = PerformanceModel.load(PROFILE).pools["speculative"]
+    rate = model.per_user_rate(4, 1024) * 0.99
+    spec = {"deployment": "pool-speculative"}
+    for window_s, after_lull in ((0, 1), (600, 3)):
+        _, policy = ray_wrapped({**model_kwargs(rate), "demand_window_s": window_s})
+        assert policy(context({R1: engine(12)}, **spec))[0] == 3
+        lull = context({R1: engine(1), R2: engine(0), R3: engine(0)}, **spec)
+        assert policy(lull)[0] == after_lull, window_s
+
+
 def test_model_policy_follows_the_measured_acceptance():
     model = PerformanceModel.load(PROFILE).pools["speculative"]
     rate = model.per_user_rate(2, 1024) * 0.99  # 2 per replica at the calibrated acceptance

@@ -14,6 +14,7 @@ A target's pools under a shared budget: `cluster.autoscale.budget`.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,13 @@ class PoolScalingTarget:
     """Context the prediction assumes for the requests in flight."""
     max_batch: int | None = None
     """Requests one replica runs at once; more per replica wait, which misses any target."""
+    utilization: float = 1.0
+    """Share of a replica's capacity (its requests at the target rate, at most `max_batch`)
+    the sizing fills; the rest takes the arrivals that come while a new replica starts."""
+    demand_window_s: float = 0.0
+    """Size for the most requests held over this many seconds (`DemandWindow`), not the
+    latest count: a dip between bursts does not give back replicas that take minutes to
+    return. 0: the latest count."""
     ongoing_requests_per_replica: float = 4
     """Without a model: Ray's default target (in-flight requests per replica)."""
     hysteresis: float = 0.2
@@ -72,6 +80,9 @@ class PoolScalingState:
     """Requests waiting for the pool outside its replicas (ingress / Serve queue)."""
     last_scale_up_s: float | None = None
     last_scale_down_s: float | None = None
+    peak_demand: int | None = None
+    """Most requests the pool held over the target's `demand_window_s` (`DemandWindow`, kept
+    by the caller); None: `demand` alone."""
 
     @property
     def demand(self) -> int:
@@ -80,8 +91,34 @@ class PoolScalingState:
         return int(held) + self.queued
 
     @property
+    def sizing_demand(self) -> int:
+        """The demand the pool is sized for: the window's peak, at least the latest count."""
+        return max(self.demand, self.peak_demand or 0)
+
+    @property
     def stats_age_s(self) -> float:
         return math.inf if self.stats_at_s is None else self.now_s - self.stats_at_s
+
+
+class DemandWindow:
+    """The most requests a pool held over the last `window_s` seconds (`observe` each tick)."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._seen: deque[tuple[float, int]] = deque()
+
+    def observe(self, now_s: float, demand: int) -> int:
+        """Record `demand` at `now_s`; the peak of the window ending now (`demand` itself for
+        a window of 0)."""
+        if self.window_s <= 0:
+            return demand
+        # A monotonic deque: an older sample no larger than a newer one can never be the peak.
+        while self._seen and self._seen[-1][1] <= demand:
+            self._seen.pop()
+        self._seen.append((now_s, demand))
+        while self._seen[0][0] < now_s - self.window_s:
+            self._seen.popleft()
+        return self._seen[0][1]
 
 
 @dataclass(frozen=True)
@@ -99,7 +136,7 @@ def meets(model: PoolModel, demand: int, replicas: int, target: PoolScalingTarge
     if replicas <= 0:
         return demand == 0
     batch = math.ceil(demand / replicas)
-    if target.max_batch and batch > target.max_batch:
+    if target.max_batch and batch > max(1, math.floor(target.max_batch * target.utilization)):
         return False
     return batch == 0 or model.per_user_rate(batch, target.context_tokens) >= rate
 
@@ -119,10 +156,11 @@ def desired_replicas(
 ) -> ScalingDecision:
     """How many replicas the pool should have now."""
     current = min(max(state.replicas, target.min_replicas), target.max_replicas)
-    demand = state.demand
+    demand = state.sizing_demand
     inputs: dict[str, Any] = {
         "replicas": state.replicas,
-        "demand": demand,
+        "demand": state.demand,
+        "sizing_demand": demand,
         "stats_age_s": state.stats_age_s,
         "target_rate": target.target_rate,
     }

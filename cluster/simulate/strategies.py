@@ -61,6 +61,8 @@ def our_target(pool: PoolConfig, max_replicas: int, slo: Slo) -> PoolScalingTarg
         target_per_user_tok_s=rate,
         context_tokens=scaling.context_tokens,
         max_batch=pool.engine.max_num_seqs,
+        utilization=scaling.target_utilization,
+        demand_window_s=scaling.demand_window_s,
         upscale_cooldown_s=scaling.upscale_cooldown_s,
         downscale_cooldown_s=scaling.downscale_cooldown_s,
     )

@@ -519,3 +519,14 @@ def test_engine_stats_carry_spec_counters_and_read_back():
     metrics = stats.as_metrics()
     assert SpecCounters.from_engine_metrics(metrics) == SpecCounters(5, 15, 7, (5, 2, 0))
     assert metrics["mean_acceptance_length"] == 1 + 7 / 5 and metrics["running"] == 2.0
+
+
+def test_a_second_interrupt_does_not_cut_the_servers_shutdown_short():
+    from cluster.bench import runner
+
+    runner.INTERRUPTED.clear()
+    with pytest.raises(KeyboardInterrupt):
+        runner._interrupt()
+    runner._interrupt()  # while the servers stop: ignored
+    assert runner.INTERRUPTED.is_set()
+    runner.INTERRUPTED.clear()

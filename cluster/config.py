@@ -189,9 +189,7 @@ class EngineConfig(_Strict):
     def _one_core_binding(self) -> EngineConfig:
         if self.cpu_cores_per_replica is not None:
             if self.cpu_omp_threads_bind is not None:
-                raise ValueError(
-                    "cpu_cores_per_replica: set it or cpu_omp_threads_bind, not both"
-                )
+                raise ValueError("cpu_cores_per_replica: set it or cpu_omp_threads_bind, not both")
             if not self.cpu_cores_per_replica or not all(
                 cores.strip() for cores in self.cpu_cores_per_replica
             ):

@@ -230,7 +230,7 @@ def test_configurations():
     preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
     drafter = ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1"
     names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0",
-             "speculative-x2", "throughput-x2")  # fmt: skip
+             "speculative-x2", "throughput-x2", "speculative-x1")  # fmt: skip
     configs = configurations(preset, names, {"eagle3.1": drafter}, 3, [[1, 4, 3], [5, 16, 1]])
     by_name = {c.name: c for c in configs}
     assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
@@ -264,6 +264,10 @@ def test_configurations():
         ]
         assert "cpu_omp_threads_bind" not in pool["engine"]
         assert pool["autoscaling"]["min_replicas"] == pool["autoscaling"]["max_replicas"] == 2
+    # `<role>-x1`: the pool alone exactly as the preset deploys it (what calibrate measures).
+    (alone,) = by_name["speculative-x1"].config_data["pools"]
+    assert alone["engine"] == routed_pools[0]["engine"]
+    assert alone["autoscaling"]["min_replicas"] == alone["autoscaling"]["max_replicas"] == 1
     for config in configs:
         if config.config_data:
             parse_config(config.config_data, config.name, ROOT / "configs")

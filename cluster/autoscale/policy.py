@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,8 @@ class PoolScalingState:
     """Requests waiting for the pool outside its replicas (ingress / Serve queue)."""
     last_scale_up_s: float | None = None
     last_scale_down_s: float | None = None
+    replica_ids: tuple[str, ...] = ()
+    """Which replica each entry of `stats` came from (empty: unknown)."""
     peak_demand: int | None = None
     """Most requests the pool held over the target's `demand_window_s` (`DemandWindow`, kept
     by the caller); None: `demand` alone."""
@@ -244,18 +246,34 @@ SPEC_COUNTERS = ("spec_drafts", "spec_accepted_tokens")
 
 
 def observe_acceptance(
-    model: PoolModel, previous: Mapping[str, float] | None, stats: list[dict[str, float]]
-) -> dict[str, float]:
+    model: PoolModel,
+    previous: Mapping[str, Mapping[str, float]] | None,
+    stats: list[dict[str, float]],
+    replica_ids: Sequence[str] = (),
+) -> dict[str, dict[str, float]]:
     """Fold the pool's acceptance since `previous` into `model` (`PoolModel.observe`) and
-    return the new counter totals (pass them back next time).
+    return the counters per replica (pass them back next time).
 
     The engines' counters are cumulative per replica, so the drafts and accepted tokens since
-    the last call are the change of their sums. A replica that left or restarted makes a sum
-    shrink: that interval is skipped (the totals restart from now)."""
-    totals = {name: sum(_stat(s, name) for s in stats) for name in SPEC_COUNTERS}
-    if previous:
-        drafts = totals["spec_drafts"] - previous.get("spec_drafts", 0.0)
-        accepted = totals["spec_accepted_tokens"] - previous.get("spec_accepted_tokens", 0.0)
-        if drafts > 0 and accepted >= 0:
-            model.observe(1 + accepted / drafts, None)
-    return totals
+    the last call are each replica's own change: a replica seen for the first time only sets
+    its baseline, one whose counters went down (restarted) is skipped, and one that left
+    takes nothing with it. `replica_ids` name `stats` in order (default: their positions)."""
+    ids = list(replica_ids) or [str(i) for i in range(len(stats))]
+    current = {
+        replica: {name: _stat(s, name) for name in SPEC_COUNTERS}
+        for replica, s in zip(ids, stats, strict=True)
+    }
+    drafts = accepted = 0.0
+    for replica, counters in current.items():
+        before = (previous or {}).get(replica)
+        if before is None:
+            continue
+        new_drafts = counters["spec_drafts"] - before.get("spec_drafts", 0.0)
+        new_accepted = counters["spec_accepted_tokens"] - before.get("spec_accepted_tokens", 0.0)
+        if new_drafts < 0 or new_accepted < 0:
+            continue
+        drafts += new_drafts
+        accepted += new_accepted
+    if drafts > 0:
+        model.observe(1 + accepted / drafts, None)
+    return current

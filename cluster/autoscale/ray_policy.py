@@ -69,7 +69,7 @@ def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolSc
     now = ctx.current_time if ctx.current_time is not None else time.time()
     aggregated = ctx.aggregated_metrics or {}
     latest = _latest_timestamps(ctx)
-    stats = []
+    stats, replica_ids = [], []
     for replica_id in ctx.running_replicas:
         reported = latest.get(replica_id)
         if reported is None or now - reported > stale_after_s:
@@ -81,12 +81,14 @@ def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolSc
         }
         if values:
             stats.append(values)
+            replica_ids.append(str(replica_id))
     fresh = [t for t in latest.values() if now - t <= stale_after_s]
     return PoolScalingState(
         # Serve's target (running or starting): `current_num_replicas` counts running ones
         # only, and a decision below the target reads as a scale-down of a starting replica.
         replicas=ctx.target_num_replicas,
         stats=stats,
+        replica_ids=tuple(replica_ids),
         now_s=now,
         stats_at_s=max(fresh) if stats and fresh else None,
         last_scale_up_s=ctx.last_scale_up_time,
@@ -158,7 +160,7 @@ class _Pool:
     def __init__(self, kwargs: dict[str, Any]):
         self.kwargs = kwargs
         self.model = load_pool_model(kwargs)
-        self.counters: dict[str, float] | None = None
+        self.counters: dict[str, dict[str, float]] | None = None
         self.window = DemandWindow(float(kwargs.get("demand_window_s", 0.0)))
 
     def state(self, ctx: Any) -> PoolScalingState:
@@ -174,7 +176,9 @@ class _Pool:
         try:
             state = state or self.state(ctx)
             if self.model is not None and state.stats:
-                self.counters = observe_acceptance(self.model, self.counters, state.stats)
+                self.counters = observe_acceptance(
+                    self.model, self.counters, state.stats, state.replica_ids
+                )
             decision = desired_replicas(state, self.model, pool_target(ctx, self.kwargs))
             inputs = {**decision.inputs, "reporting": len(state.stats)}
             if self.model is not None:

@@ -140,7 +140,7 @@ def engine_cores(session_id: int) -> list[list[int]]:
     for pid in session_processes(session_id):
         with contextlib.suppress(OSError):
             stat = Path(f"/proc/{pid}/stat").read_text()
-            if stat.split("(", 1)[1].rsplit(")", 1)[0] != "VLLM::Worker":
+            if not stat.split("(", 1)[1].rsplit(")", 1)[0].startswith("VLLM::Worker"):
                 continue
             allowed: set[int] = set()
             for thread in os.listdir(f"/proc/{pid}/task"):

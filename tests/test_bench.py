@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import math
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -534,3 +535,29 @@ def test_a_second_interrupt_does_not_cut_the_servers_shutdown_short():
     runner._interrupt()  # while the servers stop: ignored
     assert runner.INTERRUPTED.is_set()
     runner.INTERRUPTED.clear()
+
+
+def test_engine_cores_reads_the_affinity_of_each_worker_process():
+    import subprocess
+    import sys
+    import time
+
+    from cluster.launcher import engine_cores
+
+    worker = (
+        "import os, setproctitle, time; setproctitle.setproctitle('VLLM::Worker_TP0'); "
+        "os.sched_setaffinity(0, {0}); print('up', flush=True); time.sleep(30)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", worker], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert process.stdout.readline().strip() == "up"
+        deadline = time.monotonic() + 10
+        while engine_cores(process.pid) != [[0]] and time.monotonic() < deadline:
+            time.sleep(0.1)  # the title lands in /proc a moment after the call
+        assert engine_cores(process.pid) == [[0]]
+        assert engine_cores(os.getsid(0)) == []  # this session has no engine
+    finally:
+        process.kill()
+        process.wait()

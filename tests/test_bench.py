@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 

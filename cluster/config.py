@@ -189,9 +189,7 @@ class EngineConfig(_Strict):
     def _one_core_binding(self) -> EngineConfig:
         if self.cpu_cores_per_replica is not None:
             if self.cpu_omp_threads_bind is not None:
-                raise ValueError(
-                    "cpu_cores_per_replica: set it or cpu_omp_threads_bind, not both"
-                )
+                raise ValueError("cpu_cores_per_replica: set it or cpu_omp_threads_bind, not both")
             if not self.cpu_cores_per_replica or not all(
                 cores.strip() for cores in self.cpu_cores_per_replica
             ):
@@ -246,6 +244,16 @@ class AutoscalingConfig(_Strict):
     context_tokens: int = Field(default=1024, ge=1)
     """`model` policy with `target_per_user_tok_s`: context length (prompt + output) the
     prediction assumes for the requests in flight; longer context, slower decode."""
+
+    target_utilization: float = Field(default=1.0, gt=0, le=1)
+    """`model` policy: share of a replica's capacity (requests at the target rate, at most
+    `engine.max_num_seqs`) the sizing fills; the rest takes the arrivals that come while a new
+    replica starts (minutes for a large model). 1: size to full replicas."""
+
+    demand_window_s: float = Field(default=0, ge=0)
+    """`model` policy: size for the most requests the pool held over this many seconds, not
+    the latest count, so a lull between bursts does not give back replicas that take minutes
+    to return. 0: the latest count."""
 
     upscale_cooldown_s: float = Field(default=30, ge=0)
     """`model` policy: least time after a replica-count change before it adds replicas."""

@@ -133,6 +133,23 @@ def session_cpu_seconds(session_id: int) -> dict[str, float]:
     return used
 
 
+def engine_cores(session_id: int) -> list[list[int]]:
+    """The cores each vLLM worker process of a session may run on (the union over its threads,
+    which OpenMP binds one core each), sorted: what the engines actually got."""
+    cores = []
+    for pid in session_processes(session_id):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if not stat.split("(", 1)[1].rsplit(")", 1)[0].startswith("VLLM::Worker"):
+                continue
+            allowed: set[int] = set()
+            for thread in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    allowed |= os.sched_getaffinity(int(thread))
+            cores.append(sorted(allowed))
+    return sorted(cores)
+
+
 def signal_session(session_id: int, sig: signal.Signals) -> int:
     """Send `sig` to every process of a session; how many got it."""
     sent = 0

@@ -17,6 +17,7 @@ from cluster.autoscale.budget import (
 )
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import (
+    DemandWindow,
     PoolScalingState,
     PoolScalingTarget,
     desired_replicas,
@@ -271,3 +272,34 @@ def test_within_budget_without_models_cuts_each_want_to_fit():
     assert within_budget({S_: 2, T_: 3}, pools, {S_: None, T_: None}, 6, SIZED) == {
         S_: 2, T_: 3,
     }  # fmt: skip
+
+
+def test_demand_window_keeps_the_peak_of_its_window():
+    window = DemandWindow(300)
+    peaks = [window.observe(t, d) for t, d in [(0, 5), (100, 20), (200, 3), (350, 4), (401, 2)]]
+    # 20 seen at t=100 holds until it is older than 300 s; then the largest left (4 at 350).
+    assert peaks == [5, 20, 20, 20, 4]
+    assert DemandWindow(0).observe(10, 7) == 7
+
+
+def test_a_lull_between_bursts_keeps_the_replicas_of_the_window():
+    target = replace(TARGET, demand_window_s=600)
+    burst = desired_replicas(busy(4, 4, now=1000.0), SPEC, target)
+    lull = busy(4, 1, now=1500.0, last_scale_up_s=0.0)
+    assert desired_replicas(lull, SPEC, target).replicas < burst.replicas  # latest count alone
+    remembered = replace(lull, peak_demand=16)
+    assert desired_replicas(remembered, SPEC, target).replicas == burst.replicas
+
+
+def test_utilization_leaves_room_in_every_replica():
+    full, _ = sized(40, 0, replicas=(1, 1))
+    cap = capacity_at(MODELS[S_], SIZED[S_], 10)
+    headroom = {n: replace(t, utilization=0.5) for n, t in SIZED.items()}
+    assert capacity_at(MODELS[S_], headroom[S_], 10) == max(1, cap // 2)
+    pools = {S_: busy(1, 40), T_: busy(1, 0)}
+    roomy = within_budget({S_: 1, T_: 1}, pools, MODELS, 12, headroom)
+    assert sum(roomy.values()) > sum(full.values())
+    # desired_replicas: a replica is full at utilization x max_batch requests.
+    target = replace(TARGET, target_per_user_tok_s=0.1, utilization=0.5)
+    assert desired_replicas(busy(1, 16), SPEC, target).replicas == 2
+    assert desired_replicas(busy(1, 16), SPEC, replace(target, utilization=1.0)).replicas == 1

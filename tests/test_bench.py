@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -230,7 +231,7 @@ def test_configurations():
     preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
     drafter = ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1"
     names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0",
-             "speculative-x2", "throughput-x2")  # fmt: skip
+             "speculative-x2", "throughput-x2", "speculative-x1")  # fmt: skip
     configs = configurations(preset, names, {"eagle3.1": drafter}, 3, [[1, 4, 3], [5, 16, 1]])
     by_name = {c.name: c for c in configs}
     assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
@@ -264,6 +265,10 @@ def test_configurations():
         ]
         assert "cpu_omp_threads_bind" not in pool["engine"]
         assert pool["autoscaling"]["min_replicas"] == pool["autoscaling"]["max_replicas"] == 2
+    # `<role>-x1`: the pool alone exactly as the preset deploys it (what calibrate measures).
+    (alone,) = by_name["speculative-x1"].config_data["pools"]
+    assert alone["engine"] == routed_pools[0]["engine"]
+    assert alone["autoscaling"]["min_replicas"] == alone["autoscaling"]["max_replicas"] == 1
     for config in configs:
         if config.config_data:
             parse_config(config.config_data, config.name, ROOT / "configs")
@@ -519,3 +524,40 @@ def test_engine_stats_carry_spec_counters_and_read_back():
     metrics = stats.as_metrics()
     assert SpecCounters.from_engine_metrics(metrics) == SpecCounters(5, 15, 7, (5, 2, 0))
     assert metrics["mean_acceptance_length"] == 1 + 7 / 5 and metrics["running"] == 2.0
+
+
+def test_a_second_interrupt_does_not_cut_the_servers_shutdown_short():
+    from cluster.bench import runner
+
+    runner.INTERRUPTED.clear()
+    with pytest.raises(KeyboardInterrupt):
+        runner._interrupt()
+    runner._interrupt()  # while the servers stop: ignored
+    assert runner.INTERRUPTED.is_set()
+    runner.INTERRUPTED.clear()
+
+
+def test_engine_cores_reads_the_affinity_of_each_worker_process():
+    import subprocess
+    import sys
+    import time
+
+    from cluster.launcher import engine_cores
+
+    worker = (
+        "import os, setproctitle, time; setproctitle.setproctitle('VLLM::Worker_TP0'); "
+        "os.sched_setaffinity(0, {0}); print('up', flush=True); time.sleep(30)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", worker], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert process.stdout.readline().strip() == "up"
+        deadline = time.monotonic() + 10
+        while engine_cores(process.pid) != [[0]] and time.monotonic() < deadline:
+            time.sleep(0.1)  # the title lands in /proc a moment after the call
+        assert engine_cores(process.pid) == [[0]]
+        assert engine_cores(os.getsid(0)) == []  # this session has no engine
+    finally:
+        process.kill()
+        process.wait()

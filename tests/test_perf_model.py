@@ -46,7 +46,10 @@ def held_out_errors(profile: CalibrationProfile) -> list[tuple[CalibrationPoint,
 
 def test_committed_profile_is_what_calibrate_builds_from_the_runs(tmp_path):
     out = tmp_path / "profile.yaml"
-    argv = ["calibrate", str(ROOT / "configs" / "embedded.yaml"), "--out", str(out)]
+    # The committed profile measured each pool as the two-core single-pool engine (`eagle3.1`,
+    # `none`), not as deployed (one core each): see docs/routing.md.
+    argv = ["calibrate", str(ROOT / "configs" / "embedded.yaml"), "--out", str(out),
+            "--pool", "speculative=eagle3.1", "--pool", "throughput=none"]  # fmt: skip
     assert main(argv + [arg for run in RUNS for arg in ("--from-run", str(run))]) == 0
     assert CalibrationProfile.load(out) == CalibrationProfile.load(PROFILE)
     assert out.read_text() == PROFILE.read_text()
@@ -170,3 +173,20 @@ def test_observing_a_pool_without_speculation_keeps_its_acceptance():
 def test_fit_refuses_no_points():
     with pytest.raises(ValueError):
         PoolModel.fit([])
+
+
+def test_calibration_measures_each_pool_as_deployed_and_splits_replicas():
+    from cluster.autoscale.calibrate import default_pool_of_config
+    from cluster.autoscale.model import _fixed_replicas
+
+    config = load_config(ROOT / "configs" / "embedded.yaml")
+    assert default_pool_of_config(config) == {
+        "speculative-x1": "speculative",
+        "throughput-x1": "throughput",
+    }
+    two = {"pools": [{"autoscaling": {"min_replicas": 2, "max_replicas": 2}}]}
+    assert _fixed_replicas(two) == 2
+    assert (
+        _fixed_replicas({"pools": [{"autoscaling": {"min_replicas": 1, "max_replicas": 3}}]}) == 1
+    )
+    assert _fixed_replicas(None) == 1

@@ -286,6 +286,17 @@ def test_model_policy_sizes_the_pool_for_the_target_rate():
     assert policy(context({R1: engine(24)}, deployment="pool-speculative"))[0] == 4
 
 
+def test_model_policy_sizes_for_the_peak_of_its_demand_window():
+    model = PerformanceModel.load(PROFILE).pools["speculative"]
+    rate = model.per_user_rate(4, 1024) * 0.99
+    spec = {"deployment": "pool-speculative"}
+    for window_s, after_lull in ((0, 1), (600, 3)):
+        _, policy = ray_wrapped({**model_kwargs(rate), "demand_window_s": window_s})
+        assert policy(context({R1: engine(12)}, **spec))[0] == 3
+        lull = context({R1: engine(1), R2: engine(0), R3: engine(0)}, **spec)
+        assert policy(lull)[0] == after_lull, window_s
+
+
 def test_model_policy_follows_the_measured_acceptance():
     model = PerformanceModel.load(PROFILE).pools["speculative"]
     rate = model.per_user_rate(2, 1024) * 0.99  # 2 per replica at the calibrated acceptance
@@ -302,13 +313,20 @@ def test_model_policy_follows_the_measured_acceptance():
     assert decisions[0] == 2 and decisions[-1] > 2
 
 
-def test_observe_acceptance_skips_a_restarted_replica():
+def test_observe_acceptance_counts_each_replicas_own_change():
     model = PerformanceModel.load(PROFILE).pools["speculative"]
-    totals = observe_acceptance(model, None, [spec_engine(1, 100, 50)])
+    seen = observe_acceptance(model, None, [spec_engine(1, 100, 50)], ["a"])
     assert model.acceptance_scale == 1.0  # the first look has nothing to compare with
-    totals = observe_acceptance(model, totals, [spec_engine(1, 10, 0)])  # counters restarted
-    assert model.acceptance_scale == 1.0 and totals["spec_drafts"] == 10
-    observe_acceptance(model, totals, [spec_engine(1, 110, 0)])
+    seen = observe_acceptance(model, seen, [spec_engine(1, 10, 0)], ["a"])  # restarted
+    assert model.acceptance_scale == 1.0 and seen["a"]["spec_drafts"] == 10
+    # Replica b joins with a long history, c leaves: neither moves the estimate; a's own
+    # 100 drafts with nothing accepted do.
+    veteran = spec_engine(1, 5000, 9000)
+    seen = observe_acceptance(
+        model, seen | {"c": seen["a"]}, [spec_engine(1, 10, 0), veteran], ["a", "b"]
+    )
+    assert model.acceptance_scale == 1.0
+    observe_acceptance(model, seen, [spec_engine(1, 110, 0), veteran], ["a", "b"])
     assert model.acceptance_scale < 1.0
 
 

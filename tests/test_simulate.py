@@ -24,7 +24,8 @@ from cluster.simulate.engine import (
     ray_default_replicas,
 )
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
-from cluster.simulate.strategies import OURS, strategies
+from cluster.simulate.strategies import OURS, static_splits, strategies
+from cluster.simulate.sweep import at_budget
 from tests.test_ray_policy import context as ray_context
 from tests.test_ray_policy import engine as engine_stats
 from tests.test_ray_policy import replica
@@ -197,3 +198,48 @@ def test_cli_writes_results_and_the_summary_block(tmp_path):
                 "slo_attainment_ray_default"):  # fmt: skip
         assert isinstance(block[key], float) and math.isfinite(block[key])
     assert len(trace.load(tmp_path / "trace.jsonl")) == len(trace.load(trace_spec))
+
+
+def test_a_scaled_spec_carries_the_traffic_of_a_larger_cluster():
+    base = spec(
+        duration_s=1200, bursts=[{"start_h": 12, "duration_min": 120, "extra_rate_per_s": 1}]
+    )
+    double = base.scaled(2)
+    for t in (0, 300, 600, 900):
+        assert double.rate_at(t) == pytest.approx(2 * base.rate_at(t))
+    ratio = len(trace.generate(double)) / len(trace.generate(base))
+    assert 1.8 < ratio < 2.2
+    assert double.kinds == base.kinds and base.peak_rate_per_s == 2.0  # the original is kept
+
+
+def test_static_splits_and_pools_grow_with_the_budget():
+    assert static_splits(4) == [1, 2, 3] and len(static_splits(8)) == 7
+    assert static_splits(64) == [8, 16, 24, 32, 40, 48, 56]
+    config = at_budget(load_config(KIMI), 64)
+    assert {p.autoscaling.max_replicas for p in config.pools} == {63}
+    assert at_budget(load_config(KIMI), 8).pools == load_config(KIMI).pools  # the preset's own
+
+
+def test_sweep_scales_trace_and_budget_together(tmp_path):
+    trace_spec = tmp_path / "trace.yaml"
+    trace_spec.write_text(
+        json.dumps(spec(duration_s=900, peak_rate_per_s=4, trough_rate_per_s=1).model_dump())
+    )
+    summary = tmp_path / "routing_summary.json"
+    code = main([
+        "simulate", str(KIMI), "--trace", str(trace_spec), "--hardware", str(KIMI_SCALE),
+        "--budget", "2", "--sweep", "2,4", "--warmup-s", "120", "--replica-start-s", "60",
+        "--out", str(tmp_path / "out"), "--summary", str(summary),
+    ])  # fmt: skip
+    assert code == 0
+    rows = json.loads((tmp_path / "out" / "sweep.json").read_text())["rows"]
+    assert [(r["budget_replicas"], r["gpus"]) for r in rows] == [(2, 16), (4, 32)]
+    assert 1.6 < rows[1]["requests"] / rows[0]["requests"] < 2.4
+    for row in rows:
+        assert row["ray_default_split"] in row["strategies"]
+        assert row["gpu_hours_ratio"] == pytest.approx(
+            row["gpu_hours_ours"] / row["gpu_hours_ray_default"], abs=1e-3
+        )
+    assert (tmp_path / "out" / "sweep.png").stat().st_size > 10_000
+    block = json.loads(summary.read_text())["simulation_sweep"]
+    assert [b["gpus"] for b in block] == [16, 32]

@@ -104,14 +104,15 @@ def fit_to_budget(
 
 
 def capacity_at(model: PoolModel, target: PoolScalingTarget, rate: float) -> int:
-    """Requests one replica runs at once with each at `rate` or faster (at most `max_batch`;
-    0: not even one)."""
+    """Requests one replica is sized to hold with each at `rate` or faster: the most it runs
+    at that rate (at most `max_batch`) times the target's `utilization`, at least 1 (0: not
+    even one runs at `rate`)."""
     fits = 0
     for batch in range(1, (target.max_batch or MAX_SEARCHED_BATCH) + 1):
         if model.per_user_rate(batch, target.context_tokens) < rate:
             break
         fits = batch
-    return fits
+    return max(1, math.floor(fits * target.utilization)) if fits else 0
 
 
 MAX_SEARCHED_BATCH = 1024
@@ -132,7 +133,7 @@ def offered_tokens_per_s(
     """Output tokens/s the pool's requests need: each at the rate of a replica packed to its
     capacity at the target rate. Not the rate they get now: that grows with the replicas the
     pool already has, and the pool would never shrink."""
-    return state.demand * rate_at_capacity(model, target)
+    return state.sizing_demand * rate_at_capacity(model, target)
 
 
 def _grow_into_free_budget(
@@ -180,7 +181,7 @@ def within_budget(
     if stale:  # a pool whose load is unknown must not be shrunk on it: each holds
         return {n: min(max(pools[n].replicas, targets[n].min_replicas), targets[n].max_replicas)
                 for n in names}  # fmt: skip
-    if len(names) == 2 and rated and any(state.demand for state in pools.values()):
+    if len(names) == 2 and rated and any(state.sizing_demand for state in pools.values()):
         fitted = {n: models[n] for n in names}
         capacity = {n: capacity_at(fitted[n], targets[n], targets[n].target_rate)
                     * rate_at_capacity(fitted[n], targets[n]) for n in names}  # fmt: skip

@@ -1,15 +1,14 @@
 """`cluster calibrate CONFIG`: the calibration profile of a deployment's pools.
 
-Each pool is measured as a single-pool benchmark configuration (`cluster bench`): a pool with
-no speculation is `none`, an EAGLE 3 pool `eagle3.1` (with the pool's drafter, depth and
-schedule), an n-gram pool `ngram`. `--from-run` reads finished runs; without it a short sweep
-runs first through the benchmark harness itself.
+Each pool is measured alone, exactly as the config deploys it (`cluster bench` configuration
+`<role>-x1`: its engine, cores, drafter and schedule); `--pool POOL=BENCH_CONFIG` measures it by
+another configuration (a run of `<role>-x2` counts concurrency / 2 per replica). `--from-run`
+reads finished runs; without it a short sweep runs first through the benchmark harness itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from cluster.autoscale.model import CalibrationProfile, PoolSpeculation
@@ -28,9 +27,8 @@ SWEEP_OUT = "benchmarks/results/calibrate"
 
 
 def bench_config_of(pool: PoolConfig) -> str:
-    """The single-pool benchmark configuration that measures `pool`."""
-    method = pool.speculation.method
-    return {"none": "none", "ngram": "ngram", "eagle3": "eagle3.1"}[method]
+    """The benchmark configuration that measures `pool`: the pool alone, as deployed."""
+    return f"{pool.role}-x1"
 
 
 def default_pool_of_config(config: ClusterConfig) -> dict[str, str]:
@@ -53,30 +51,20 @@ def profile_from_runs(
     return profile
 
 
-def sweep_argv(config_path: Path, config: ClusterConfig, bench_configs: list[str]) -> list[str]:
+def sweep_argv(config_path: Path, bench_configs: list[str]) -> list[str]:
     """`cluster bench` arguments of the short sweep that measures every pool as deployed."""
     argv = ["bench", "--config", str(config_path), "--configs", ",".join(bench_configs)]
     for option, value in SWEEP.items():
         argv += [f"--{option}", value]
-    argv += ["--out", SWEEP_OUT]
-    for pool in config.pools:
-        spec = pool.speculation
-        if spec.method == "eagle3":
-            argv += ["--drafter", f"eagle3.1={config.resolve_path(spec.drafter)}"]
-        if spec.num_speculative_tokens:
-            argv += ["-k", str(spec.num_speculative_tokens)]
-        if spec.num_speculative_tokens_per_batch_size:
-            schedule = [list(r) for r in spec.num_speculative_tokens_per_batch_size]
-            argv += ["--schedule", json.dumps(schedule)]
-    return argv
+    return [*argv, "--out", SWEEP_OUT]
 
 
-def run_sweep(config_path: Path, config: ClusterConfig, bench_configs: list[str]) -> Path:
+def run_sweep(config_path: Path, bench_configs: list[str]) -> Path:
     """Run the sweep with `cluster bench` and return its run directory."""
     from cluster.cli import main
 
     before = set(Path(SWEEP_OUT).glob("*"))
-    code = main(sweep_argv(config_path, config, bench_configs))
+    code = main(sweep_argv(config_path, bench_configs))
     if code != 0:
         raise SystemExit(code)
     return max(set(Path(SWEEP_OUT).glob("*")) - before)
@@ -89,7 +77,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     for item in args.pool:
         pool, _, bench = item.partition("=")
         pool_of_config = {b: p for b, p in pool_of_config.items() if p != pool} | {bench: pool}
-    runs = [Path(r) for r in args.from_run] or [run_sweep(config_path, config, [*pool_of_config])]
+    runs = [Path(r) for r in args.from_run] or [run_sweep(config_path, [*pool_of_config])]
     profile = profile_from_runs(config, runs, pool_of_config)
     out = Path(args.out or config_path.parent / "profiles" / f"{config_path.stem}.yaml")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +103,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     calibrate.add_argument(
         "--pool", action="append", default=[], metavar="POOL=BENCH_CONFIG",
-        help="measure POOL by another benchmark configuration (default: none, eagle3.1 or "
-        "ngram after the pool's speculation method)",
+        help="measure POOL by another benchmark configuration (default: <role>-x1, the pool "
+        "alone as deployed; e.g. speculative=eagle3.1 for the two-core single-pool engine)",
     )  # fmt: skip
     calibrate.add_argument(
         "--out", help="profile file (default: profiles/<config name>.yaml next to CONFIG)"

@@ -154,7 +154,8 @@ class CalibrationProfile(BaseModel):
     ) -> CalibrationProfile:
         """Points from a `cluster bench` run directory: per configuration in `pool_of_config`
         (bench config name -> pool name) and cell, the median per-user rate and TTFT over the
-        measured repetitions, and acceptance per position from the counters summed over them."""
+        measured repetitions, and acceptance per position from the counters summed over them.
+        A configuration of N replicas (`<role>-x2`) puts concurrency / N on each (the batch)."""
         from cluster.bench import stats
 
         path = Path(path)
@@ -162,10 +163,12 @@ class CalibrationProfile(BaseModel):
         records = stats.measured(result["records"])
         points = []
         for config, pool in pool_of_config.items():
+            replicas = _fixed_replicas((result["configs"].get(config) or {}).get("config"))
             for cell, _, concurrency in stats.cells_of(records):
                 reps = list(stats.by_repetition(records, config, cell).values())
                 if reps:
-                    points.append(_point(pool, concurrency, reps, f"{path.name}/{config}/{cell}"))
+                    batch = math.ceil(concurrency / replicas)
+                    points.append(_point(pool, batch, reps, f"{path.name}/{config}/{cell}"))
         pools = {}
         for config, pool in pool_of_config.items():
             data = (result["configs"].get(config) or {}).get("config") or {}
@@ -196,6 +199,14 @@ _PROFILE_HEADER = """\
 # Calibration profile (`cluster calibrate`): measured points per pool, read by
 # cluster.autoscale.model.PerformanceModel. Edit by re-running calibrate, not by hand.
 """
+
+
+def _fixed_replicas(data: Mapping[str, Any] | None) -> int:
+    """Replicas of a single-pool benchmark configuration (1 unless its min and max agree)."""
+    pools = (data or {}).get("pools") or [{}]
+    scaling = pools[0].get("autoscaling") or {}
+    low, high = scaling.get("min_replicas", 1), scaling.get("max_replicas", 1)
+    return max(1, low) if low == high else 1
 
 
 def _point(pool: str, batch: int, reps: list[dict[str, Any]], source: str) -> CalibrationPoint:

@@ -14,7 +14,8 @@ A target's pools under a shared budget: `cluster.autoscale.budget`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,13 @@ class PoolScalingTarget:
     """Context the prediction assumes for the requests in flight."""
     max_batch: int | None = None
     """Requests one replica runs at once; more per replica wait, which misses any target."""
+    utilization: float = 1.0
+    """Share of a replica's capacity (its requests at the target rate, at most `max_batch`)
+    the sizing fills; the rest takes the arrivals that come while a new replica starts."""
+    demand_window_s: float = 0.0
+    """Size for the most requests held over this many seconds (`DemandWindow`), not the
+    latest count: a dip between bursts does not give back replicas that take minutes to
+    return. 0: the latest count."""
     ongoing_requests_per_replica: float = 4
     """Without a model: Ray's default target (in-flight requests per replica)."""
     hysteresis: float = 0.2
@@ -72,6 +80,11 @@ class PoolScalingState:
     """Requests waiting for the pool outside its replicas (ingress / Serve queue)."""
     last_scale_up_s: float | None = None
     last_scale_down_s: float | None = None
+    replica_ids: tuple[str, ...] = ()
+    """Which replica each entry of `stats` came from (empty: unknown)."""
+    peak_demand: int | None = None
+    """Most requests the pool held over the target's `demand_window_s` (`DemandWindow`, kept
+    by the caller); None: `demand` alone."""
 
     @property
     def demand(self) -> int:
@@ -80,8 +93,34 @@ class PoolScalingState:
         return int(held) + self.queued
 
     @property
+    def sizing_demand(self) -> int:
+        """The demand the pool is sized for: the window's peak, at least the latest count."""
+        return max(self.demand, self.peak_demand or 0)
+
+    @property
     def stats_age_s(self) -> float:
         return math.inf if self.stats_at_s is None else self.now_s - self.stats_at_s
+
+
+class DemandWindow:
+    """The most requests a pool held over the last `window_s` seconds (`observe` each tick)."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._seen: deque[tuple[float, int]] = deque()
+
+    def observe(self, now_s: float, demand: int) -> int:
+        """Record `demand` at `now_s`; the peak of the window ending now (`demand` itself for
+        a window of 0)."""
+        if self.window_s <= 0:
+            return demand
+        # A monotonic deque: an older sample no larger than a newer one can never be the peak.
+        while self._seen and self._seen[-1][1] <= demand:
+            self._seen.pop()
+        self._seen.append((now_s, demand))
+        while self._seen[0][0] < now_s - self.window_s:
+            self._seen.popleft()
+        return self._seen[0][1]
 
 
 @dataclass(frozen=True)
@@ -99,7 +138,7 @@ def meets(model: PoolModel, demand: int, replicas: int, target: PoolScalingTarge
     if replicas <= 0:
         return demand == 0
     batch = math.ceil(demand / replicas)
-    if target.max_batch and batch > target.max_batch:
+    if target.max_batch and batch > max(1, math.floor(target.max_batch * target.utilization)):
         return False
     return batch == 0 or model.per_user_rate(batch, target.context_tokens) >= rate
 
@@ -119,10 +158,11 @@ def desired_replicas(
 ) -> ScalingDecision:
     """How many replicas the pool should have now."""
     current = min(max(state.replicas, target.min_replicas), target.max_replicas)
-    demand = state.demand
+    demand = state.sizing_demand
     inputs: dict[str, Any] = {
         "replicas": state.replicas,
-        "demand": demand,
+        "demand": state.demand,
+        "sizing_demand": demand,
         "stats_age_s": state.stats_age_s,
         "target_rate": target.target_rate,
     }
@@ -206,18 +246,34 @@ SPEC_COUNTERS = ("spec_drafts", "spec_accepted_tokens")
 
 
 def observe_acceptance(
-    model: PoolModel, previous: Mapping[str, float] | None, stats: list[dict[str, float]]
-) -> dict[str, float]:
+    model: PoolModel,
+    previous: Mapping[str, Mapping[str, float]] | None,
+    stats: list[dict[str, float]],
+    replica_ids: Sequence[str] = (),
+) -> dict[str, dict[str, float]]:
     """Fold the pool's acceptance since `previous` into `model` (`PoolModel.observe`) and
-    return the new counter totals (pass them back next time).
+    return the counters per replica (pass them back next time).
 
     The engines' counters are cumulative per replica, so the drafts and accepted tokens since
-    the last call are the change of their sums. A replica that left or restarted makes a sum
-    shrink: that interval is skipped (the totals restart from now)."""
-    totals = {name: sum(_stat(s, name) for s in stats) for name in SPEC_COUNTERS}
-    if previous:
-        drafts = totals["spec_drafts"] - previous.get("spec_drafts", 0.0)
-        accepted = totals["spec_accepted_tokens"] - previous.get("spec_accepted_tokens", 0.0)
-        if drafts > 0 and accepted >= 0:
-            model.observe(1 + accepted / drafts, None)
-    return totals
+    the last call are each replica's own change: a replica seen for the first time only sets
+    its baseline, one whose counters went down (restarted) is skipped, and one that left
+    takes nothing with it. `replica_ids` name `stats` in order (default: their positions)."""
+    ids = list(replica_ids) or [str(i) for i in range(len(stats))]
+    current = {
+        replica: {name: _stat(s, name) for name in SPEC_COUNTERS}
+        for replica, s in zip(ids, stats, strict=True)
+    }
+    drafts = accepted = 0.0
+    for replica, counters in current.items():
+        before = (previous or {}).get(replica)
+        if before is None:
+            continue
+        new_drafts = counters["spec_drafts"] - before.get("spec_drafts", 0.0)
+        new_accepted = counters["spec_accepted_tokens"] - before.get("spec_accepted_tokens", 0.0)
+        if new_drafts < 0 or new_accepted < 0:
+            continue
+        drafts += new_drafts
+        accepted += new_accepted
+    if drafts > 0:
+        model.observe(1 + accepted / drafts, None)
+    return current

@@ -30,6 +30,7 @@ from typing import Any
 from cluster.autoscale.budget import within_budget
 from cluster.autoscale.model import PerformanceModel, PoolModel
 from cluster.autoscale.policy import (
+    DemandWindow,
     PoolScalingState,
     PoolScalingTarget,
     ScalingDecision,
@@ -68,7 +69,7 @@ def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolSc
     now = ctx.current_time if ctx.current_time is not None else time.time()
     aggregated = ctx.aggregated_metrics or {}
     latest = _latest_timestamps(ctx)
-    stats = []
+    stats, replica_ids = [], []
     for replica_id in ctx.running_replicas:
         reported = latest.get(replica_id)
         if reported is None or now - reported > stale_after_s:
@@ -80,12 +81,14 @@ def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolSc
         }
         if values:
             stats.append(values)
+            replica_ids.append(str(replica_id))
     fresh = [t for t in latest.values() if now - t <= stale_after_s]
     return PoolScalingState(
         # Serve's target (running or starting): `current_num_replicas` counts running ones
         # only, and a decision below the target reads as a scale-down of a starting replica.
         replicas=ctx.target_num_replicas,
         stats=stats,
+        replica_ids=tuple(replica_ids),
         now_s=now,
         stats_at_s=max(fresh) if stats and fresh else None,
         last_scale_up_s=ctx.last_scale_up_time,
@@ -102,6 +105,8 @@ def pool_target(ctx: Any, kwargs: dict[str, Any]) -> PoolScalingTarget:
         target_per_user_tok_s=kwargs.get("target_per_user_tok_s"),
         context_tokens=int(kwargs.get("context_tokens", defaults.context_tokens)),
         max_batch=kwargs.get("max_batch"),
+        utilization=float(kwargs.get("utilization", defaults.utilization)),
+        demand_window_s=float(kwargs.get("demand_window_s", defaults.demand_window_s)),
         ongoing_requests_per_replica=float(
             kwargs.get("target_running_per_replica", defaults.ongoing_requests_per_replica)
         ),
@@ -155,13 +160,25 @@ class _Pool:
     def __init__(self, kwargs: dict[str, Any]):
         self.kwargs = kwargs
         self.model = load_pool_model(kwargs)
-        self.counters: dict[str, float] | None = None
+        self.counters: dict[str, dict[str, float]] | None = None
+        self.window = DemandWindow(float(kwargs.get("demand_window_s", 0.0)))
 
-    def decide(self, ctx: Any) -> ScalingDecision:
+    def state(self, ctx: Any) -> PoolScalingState:
+        """The pool's state now, with the peak demand of its window (updated once per call:
+        call it once per tick)."""
+        state = pool_state(ctx, float(self.kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)))
+        if not state.stats:  # stale or no replica: no demand was measured
+            return state
+        return replace(state, peak_demand=self.window.observe(state.now_s, state.demand))
+
+    def decide(self, ctx: Any, state: PoolScalingState | None = None) -> ScalingDecision:
+        """This pool's own decision (`state`: this tick's, when the caller already took it)."""
         try:
-            state = pool_state(ctx, float(self.kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)))
+            state = state or self.state(ctx)
             if self.model is not None and state.stats:
-                self.counters = observe_acceptance(self.model, self.counters, state.stats)
+                self.counters = observe_acceptance(
+                    self.model, self.counters, state.stats, state.replica_ids
+                )
             decision = desired_replicas(state, self.model, pool_target(ctx, self.kwargs))
             inputs = {**decision.inputs, "reporting": len(state.stats)}
             if self.model is not None:
@@ -229,7 +246,14 @@ class BudgetAutoscalingPolicy:
 
     def __call__(self, contexts: dict[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict]]:
         ours = {d: ctx for d, ctx in contexts.items() if ctx.deployment_name in self.pools}
-        decisions = {d: self.tracked[ctx.deployment_name].decide(ctx) for d, ctx in ours.items()}
+        states: dict[Any, PoolScalingState] = {}
+        for d, ctx in ours.items():
+            with contextlib.suppress(Exception):  # `decide` falls back and logs on its own
+                states[d] = self.tracked[ctx.deployment_name].state(ctx)
+        decisions = {
+            d: self.tracked[ctx.deployment_name].decide(ctx, states.get(d))
+            for d, ctx in ours.items()
+        }
         by_group: dict[str, list[Any]] = {}
         # Speculative pool first: `within_budget` gives it the ties (Serve's order is its own).
         for d, ctx in sorted(ours.items(), key=lambda item: self._role_order(item[1])):
@@ -239,12 +263,9 @@ class BudgetAutoscalingPolicy:
             expected = sum(1 for kw in self.pools.values() if kw.get("group", "") == group)
             if budget is None or len(members) != expected:  # a pool missing this tick: hold
                 continue
+            if any(d not in states for d in members):
+                continue
             try:
-                states = {
-                    d: pool_state(ours[d], float(self.pools[ours[d].deployment_name].get(
-                        "stale_after_s", DEFAULT_STALE_AFTER_S)))
-                    for d in members
-                }  # fmt: skip
                 targets = {
                     str(d): pool_target(ours[d], self.pools[ours[d].deployment_name])
                     for d in members
@@ -252,7 +273,7 @@ class BudgetAutoscalingPolicy:
                 models = {str(d): self.tracked[ours[d].deployment_name].model for d in members}
                 shared = within_budget(
                     {str(d): decisions[d].replicas for d in members},
-                    {str(d): s for d, s in states.items()},
+                    {str(d): states[d] for d in members},
                     models,
                     int(budget),
                     targets,

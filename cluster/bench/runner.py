@@ -34,7 +34,7 @@ from cluster import workloads
 from cluster.bench import metrics
 from cluster.bench.plan import MIXED_CHAT_SHARE, BenchConfig, Cell, Plan
 from cluster.bench.servers import Frozen, InProcessServer, make_room, start
-from cluster.launcher import ServerStartError, session_cpu_seconds
+from cluster.launcher import ServerStartError, engine_cores, session_cpu_seconds
 from cluster.speculation import SpecCounters
 
 RESULT_FILE = "result.json"
@@ -176,6 +176,10 @@ runner checks this after every replay instead of trusting the exception to arriv
 
 
 def _interrupt(*_: object) -> None:
+    """The first Ctrl-C / SIGTERM stops the run; later ones are ignored, so they cannot cut
+    short the servers' shutdown (a server left behind would skew every later benchmark)."""
+    if INTERRUPTED.is_set():
+        return
     INTERRUPTED.set()
     raise KeyboardInterrupt
 
@@ -223,6 +227,7 @@ def run(
     """Run what `result` (new, or loaded to resume) still lacks; returns it, also written."""
     from transformers import AutoTokenizer
 
+    INTERRUPTED.clear()
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     # Frozen servers are swapped out when memory runs short (the kernel's job); Ray's own
@@ -252,6 +257,7 @@ def run(
             frozen.freeze()
             servers[config.name] = (config, server, frozen)
             result["configs"][config.name]["ready_s"] = server.ready_s
+            result["configs"][config.name]["engine_cores"] = engine_cores(server.process.pid)
         for repetition in range(plan.repetitions):
             order = plan.order(repetition, list(servers))
             result["order"][str(repetition)] = order

@@ -111,6 +111,8 @@ def pool_policy_kwargs(config: ClusterConfig, pool: PoolConfig) -> dict[str, Any
         "upscale_cooldown_s": scaling.upscale_cooldown_s,
         "downscale_cooldown_s": scaling.downscale_cooldown_s,
         "stale_after_s": scaling.stale_stats_s,
+        "utilization": scaling.target_utilization,
+        "demand_window_s": scaling.demand_window_s,
     }
     if scaling.target_per_user_tok_s is not None and config.routing.profile:
         kwargs |= {

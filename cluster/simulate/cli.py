@@ -20,14 +20,12 @@ from cluster.config import ClusterConfig, load_config
 from cluster.simulate import trace as traces
 from cluster.simulate.engine import Simulation, SimulationResult, Slo
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
-from cluster.simulate.strategies import OURS, STATIC_PREFIX, strategies
+from cluster.simulate.strategies import OURS, best_static, strategies
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO / "benchmarks" / "traces" / "kimi-diurnal-mix.yaml"
 DEFAULT_PROFILE = REPO / "configs" / "profiles" / "embedded.yaml"
 ROUTING_SUMMARY = REPO / "benchmarks" / "results" / "routing_summary.json"
-SLO_TIE = 0.005
-"""SLO attainments this close count as equal when picking the best static split."""
 
 
 def model_for(
@@ -50,16 +48,6 @@ def model_for(
     scaled = scaled_model(base, hardware, base_roles)
     by_role = {role: scaled.pools[name] for name, role in base_roles.items()}
     return PerformanceModel({p.name: by_role[p.role] for p in config.pools})
-
-
-def best_static(results: list[SimulationResult]) -> SimulationResult:
-    """Ray's default with the best static split: highest SLO attainment, then fewest
-    GPU-hours among those within `SLO_TIE` of it."""
-    static = [r for r in results if r.strategy.startswith(STATIC_PREFIX)]
-    if not static:
-        raise ValueError("no static split to compare with: --budget must be at least 2")
-    top = max(r.slo_attainment for r in static)
-    return min((r for r in static if r.slo_attainment >= top - SLO_TIE), key=lambda r: r.gpu_hours)
 
 
 def table(results: list[SimulationResult], best: SimulationResult) -> str:
@@ -166,18 +154,12 @@ def run(args: argparse.Namespace) -> int:
         f"{len(requests)} requests over {requests[-1].arrival_s / 3600:.1f} h; budget {budget} "
         f"replicas; SLO: TTFT <= {slo.ttft_s} s, >= {slo.per_user_tok_s} tok/s per user"
     )
+    if args.sweep:
+        return _run_sweep(args, config, model, spec, slo, budget, out)
     results: list[SimulationResult] = []
     started = time.monotonic()
     for strategy in tqdm(strategies(config, model, slo, budget), desc="strategies", unit="run"):
-        simulation = Simulation(
-            strategy,
-            model.pools,
-            slo,
-            args.step_s,
-            args.control_interval_s,
-            args.replica_start_s,
-            args.warmup_s,
-        )
+        simulation = Simulation(strategy, model.pools, slo, **_simulation_kwargs(args))
         results.append(simulation.run(requests))
     best = best_static(results)
     ours = next(r for r in results if r.strategy == OURS)
@@ -197,12 +179,7 @@ def run(args: argparse.Namespace) -> int:
             "documented": hardware.documented_lift if hardware else {},
             "context_tokens": context,
         },
-        "settings": {
-            "step_s": args.step_s,
-            "control_interval_s": args.control_interval_s,
-            "replica_start_s": args.replica_start_s,
-            "warmup_s": args.warmup_s,
-        },
+        "settings": _simulation_kwargs(args),
         "seconds": round(time.monotonic() - started, 1),
         "strategies": [r.summary() for r in results],
         "best_static": best.strategy,
@@ -232,6 +209,76 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulation_kwargs(args: argparse.Namespace) -> dict[str, float]:
+    return {
+        "step_s": args.step_s,
+        "control_interval_s": args.control_interval_s,
+        "replica_start_s": args.replica_start_s,
+        "warmup_s": args.warmup_s,
+    }
+
+
+def _run_sweep(args, config, model, spec, slo, budget: int, out: Path) -> int:
+    from tqdm import tqdm
+
+    from cluster.simulate.sweep import sweep, sweep_table
+
+    if spec is None:
+        raise ValueError(f"{args.trace}: --sweep scales a trace spec (.yaml), not a JSONL trace")
+    with tqdm(desc="sweep", unit="run") as bar:
+
+        def progress(label: str) -> None:
+            bar.set_postfix_str(label)
+            bar.update(1)
+
+        rows = sweep(
+            config, model, spec, slo, budget, args.sweep, _simulation_kwargs(args), progress
+        )
+    document = {
+        "config": args.file,
+        "trace": args.trace,
+        "base_budget_replicas": budget,
+        "slo": slo.__dict__,
+        "settings": _simulation_kwargs(args),
+        "rows": rows,
+    }
+    _write_json(out / "sweep.json", document)
+    (out / "sweep.md").write_text(sweep_table(rows))
+    plot_sweep(rows, out / "sweep.png")
+    if args.summary:
+        keep = ("gpus", "gpu_hours_ratio", "slo_attainment_ours", "slo_attainment_ray_default")
+        update_summary(Path(args.summary), "simulation_sweep",
+                       [{k: row[k] for k in keep} for row in rows])  # fmt: skip
+    print(sweep_table(rows), end="")
+    print(f"wrote {out / 'sweep.json'}, sweep.md, sweep.png")
+    return 0
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpus = [row["gpus"] for row in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(gpus, [row["gpu_hours_ratio"] for row in rows], marker="o")
+    left.axhline(1.0, color="grey", lw=0.8)
+    left.set(xscale="log", xlabel="GPUs (budget)", ylabel="GPU-hours, ours / best static",
+             title="cost")  # fmt: skip
+    right.plot(gpus, [row["slo_attainment_ours"] for row in rows], marker="o", label="ours")
+    right.plot(gpus, [row["slo_attainment_ray_default"] for row in rows], marker="s",
+               label="Ray default, best static split")  # fmt: skip
+    right.set(xscale="log", xlabel="GPUs (budget)", ylabel="SLO attainment", title="service")
+    right.legend(fontsize=8)
+    for axis in (left, right):
+        axis.set_xticks(gpus, [str(g) for g in gpus])
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def add_command(commands: Any) -> None:
     parser = commands.add_parser(
         "simulate",
@@ -259,6 +306,14 @@ def add_command(commands: Any) -> None:
     )
     parser.add_argument(
         "--budget", type=int, help="most replicas of the target (default: its replica_budget)"
+    )
+    parser.add_argument(
+        "--sweep",
+        type=lambda text: [int(part) for part in text.split(",") if part],
+        metavar="BUDGETS",
+        help="instead of one run: the comparison at each budget (replicas, comma-separated, "
+        "e.g. 8,16,32,64), the trace's rates scaled by budget / --budget; writes sweep.json, "
+        "sweep.md, sweep.png and the summary's `simulation_sweep` block",
     )
     parser.add_argument(
         "--ttft-slo-s", type=float, help="TTFT objective (default: routing.ttft_slo_s, else 5)"

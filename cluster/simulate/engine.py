@@ -26,12 +26,13 @@ import itertools
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cluster.autoscale.budget import within_budget
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import (
+    DemandWindow,
     PoolScalingState,
     PoolScalingTarget,
     desired_replicas,
@@ -116,6 +117,8 @@ class _Pool:
     queue: deque = field(default_factory=deque)
     last_up_s: float | None = None
     last_down_s: float | None = None
+    window: DemandWindow | None = None
+    """Our policy's demand window (None: Serve's default policy sizes the pool)."""
     pending_direction: int = 0
     pending_since_s: float = 0.0
 
@@ -208,6 +211,9 @@ class Simulation:
         self.step_s, self.control_interval_s = step_s, control_interval_s
         self.replica_start_s = replica_start_s
         self.pools = {p.name: _Pool(p, models[p.name]) for p in strategy.pools}
+        for pool in self.pools.values():
+            if pool.setup.scaling_target is not None:
+                pool.window = DemandWindow(pool.setup.scaling_target.demand_window_s)
         for pool in self.pools.values():
             count = pool.setup.initial_replicas
             count = pool.setup.min_replicas if count is None else count
@@ -320,7 +326,8 @@ class Simulation:
     # -- autoscaling -------------------------------------------------------------------------
 
     def _state(self, pool: _Pool, now: float) -> PoolScalingState:
-        return PoolScalingState(
+        """What the policy sees of `pool` (call once per control tick: it feeds the window)."""
+        state = PoolScalingState(
             replicas=pool.counted(),
             stats=[{"running": float(r.active), "waiting": 0.0} for r in pool.running(now)],
             now_s=now,
@@ -329,6 +336,9 @@ class Simulation:
             last_scale_up_s=pool.last_up_s,
             last_scale_down_s=pool.last_down_s,
         )
+        if pool.window is None or not state.stats:
+            return state
+        return replace(state, peak_demand=pool.window.observe(now, state.demand))
 
     def wanted(self, now: float) -> dict[str, int]:
         """Each pool's replica count as the strategy's policy decides it now (before Serve's

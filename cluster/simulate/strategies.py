@@ -15,10 +15,12 @@ from __future__ import annotations
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import PoolScalingTarget
 from cluster.config import ClusterConfig, PoolConfig
-from cluster.simulate.engine import PoolSetup, Slo, Strategy
+from cluster.simulate.engine import PoolSetup, SimulationResult, Slo, Strategy
 
 OURS = "ours"
 STATIC_PREFIX = "ray_default_static_"
+SLO_TIE = 0.005
+"""SLO attainments this close count as equal when picking the best static split."""
 
 
 def _setup(
@@ -61,9 +63,19 @@ def our_target(pool: PoolConfig, max_replicas: int, slo: Slo) -> PoolScalingTarg
         target_per_user_tok_s=rate,
         context_tokens=scaling.context_tokens,
         max_batch=pool.engine.max_num_seqs,
+        utilization=scaling.target_utilization,
+        demand_window_s=scaling.demand_window_s,
         upscale_cooldown_s=scaling.upscale_cooldown_s,
         downscale_cooldown_s=scaling.downscale_cooldown_s,
     )
+
+
+def static_splits(budget: int) -> list[int]:
+    """The speculative replicas of the static splits compared: every split up to 8 replicas,
+    eighths of the budget beyond (a sweep to 64 replicas would otherwise run 63 of them)."""
+    if budget <= 8:
+        return list(range(1, budget))
+    return sorted({max(1, min(budget - 1, round(budget * i / 8))) for i in range(1, 8)})
 
 
 def strategies(
@@ -97,7 +109,7 @@ def strategies(
             description=f"rule v1 routing; Ray's default autoscaler; at most {k} speculative + "
             f"{budget - k} throughput replicas",
         )
-        for k in range(1, budget)
+        for k in static_splits(budget)
     ]
     single = [
         Strategy(
@@ -111,3 +123,13 @@ def strategies(
         for pool in (spec, thr)
     ]
     return [ours, *static, *single]
+
+
+def best_static(results: list[SimulationResult]) -> SimulationResult:
+    """Ray's default with the best static split: highest SLO attainment, then fewest
+    GPU-hours among those within `SLO_TIE` of it."""
+    static = [r for r in results if r.strategy.startswith(STATIC_PREFIX)]
+    if not static:
+        raise ValueError("no static split to compare with: --budget must be at least 2")
+    top = max(r.slo_attainment for r in static)
+    return min((r for r in static if r.slo_attainment >= top - SLO_TIE), key=lambda r: r.gpu_hours)

@@ -67,6 +67,20 @@ class TraceSpec(_Strict):
     def load(cls, path: str | Path) -> TraceSpec:
         return load_yaml_model(cls, path)
 
+    def scaled(self, factor: float) -> TraceSpec:
+        """The same day with every arrival rate (curve and bursts) times `factor`: the traffic
+        of a cluster `factor` times the size, same mix."""
+        return self.model_copy(
+            update={
+                "peak_rate_per_s": self.peak_rate_per_s * factor,
+                "trough_rate_per_s": self.trough_rate_per_s * factor,
+                "bursts": [
+                    b.model_copy(update={"extra_rate_per_s": b.extra_rate_per_s * factor})
+                    for b in self.bursts
+                ],
+            }
+        )
+
     def rate_at(self, t_s: float) -> float:
         """Arrivals per second at simulated time `t_s`."""
         hour = 24 * t_s / self.duration_s

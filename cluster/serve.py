@@ -33,6 +33,14 @@ def _sigterm_as_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+def idle_until_interrupted() -> None:
+    """Block until Ctrl-C / SIGTERM raises KeyboardInterrupt. In short sleeps: the signal can
+    land on any of Ray's threads (mostly so after a benchmark froze and thawed the server), and
+    Python acts on it only when the main thread wakes."""
+    while True:
+        time.sleep(1)
+
+
 def serve_config(config: ClusterConfig, address: str | None = None) -> int:
     """Deploy `config` and block until interrupted. Returns the process exit code."""
     from cluster.models import prepare_config_models
@@ -106,8 +114,7 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
                 f"{base} can use it. Production configs require keys (docs/operations.md).",
                 flush=True,
             )
-        while True:
-            time.sleep(3600)
+        idle_until_interrupted()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip cleanup
         print("\nshutting down", flush=True)

@@ -25,8 +25,8 @@ from cluster.launcher import (
     ServerStartError,
     VLLMServerProcess,
     free_port,
+    interrupt_and_wait,
     signal_session,
-    wait_or_kill_group,
 )
 
 
@@ -96,8 +96,7 @@ class _ChildServer:
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGINT)  # delivered once the wait below thaws it
-            wait_or_kill_group(self.process, 60)
+            interrupt_and_wait(self.process, 60, group=True)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

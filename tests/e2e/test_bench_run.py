@@ -53,7 +53,7 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
             "--contexts", "1024", "--concurrency", "1,2",
             "--repeats", "1", "--warmup", "1", "--output-tokens", "16", "--out", str(tmp_path),
         ),
-        # Three servers start and stop in turn (each stop drains Serve for up to 2 minutes).
+        # Three servers start (about 75 s each) and run in turn.
         capture_output=True, text=True, timeout=1500, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]

@@ -13,7 +13,7 @@ EMBEDDED_TARGET = "embedded:smollm2-135m-instruct"
 
 def resolve_target(target: str) -> Path:
     """A checkpoint directory, or an `embedded:` model (prepared on first use)."""
-    from cluster.config import EMBEDDED_SOURCE_PREFIX
+    from cluster.models import EMBEDDED_SOURCE_PREFIX
 
     if target.startswith(EMBEDDED_SOURCE_PREFIX):
         from cluster.models import embedded_name, prepare_embedded

@@ -1,0 +1,43 @@
+"""Pool choice per request."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from cluster.config.base import Strict
+
+
+class RoutingConfig(Strict):
+    """Pool choice per request (`cluster/routing.py`): by the performance model when `profile`
+    is set, else rule v1 (prompt length and the speculative pool's load)."""
+
+    profile: str | None = None
+    """Calibration profile (`cluster calibrate`), relative to the config file: with it, each
+    request goes to the pool with the highest predicted per-user rate under current load.
+    None: rule v1."""
+
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    """With a profile: only pools predicted to start the response within this many seconds are
+    candidates (the closest is taken when none is). None: no TTFT objective."""
+
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    """With a profile: only pools predicted to decode at least one token per this many seconds
+    per user are candidates. None: no TPOT objective."""
+
+    max_stats_age_s: float = Field(default=10, gt=0)
+    """Pool load older than this is stale: rule v1 decides instead of the model."""
+
+    cold_start_s: float = Field(default=60, ge=0)
+    """With a profile: the wait for a first replica of a pool at zero, added to its predicted
+    TTFT and spread over the request's output in its predicted rate."""
+
+    long_context_tokens: int = Field(default=1024, ge=1)
+    """Rule v1: prompts with at least this many tokens are candidates for the speculative
+    pool."""
+
+    spec_max_concurrency_per_replica: float = Field(default=4, gt=0)
+    """Rule v1: the speculative pool takes long prompts while its in-flight requests per
+    replica stay below this (speculation stops paying off once the batch is compute-bound)."""
+
+    pool_status_refresh_s: float = Field(default=1.0, gt=0)
+    """How often the ingress refreshes the pools' running replica counts."""

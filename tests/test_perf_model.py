@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from cluster.autoscale.calibrate import profile_from_runs
-from cluster.autoscale.model import (
-    EMA_ALPHA,
-    CalibrationPoint,
-    CalibrationProfile,
-    PerformanceModel,
-    PoolModel,
-    PoolSpeculation,
-)
+from cluster.autoscale.model import EMA_ALPHA, PerformanceModel, PoolModel
+from cluster.autoscale.profile import CalibrationPoint, CalibrationProfile, PoolSpeculation
 from cluster.cli import main
 from cluster.config import load_config
 
@@ -177,7 +171,7 @@ def test_fit_refuses_no_points():
 
 def test_calibration_measures_each_pool_as_deployed_and_splits_replicas():
     from cluster.autoscale.calibrate import default_pool_of_config
-    from cluster.autoscale.model import _fixed_replicas
+    from cluster.autoscale.profile import _fixed_replicas
 
     config = load_config(ROOT / "configs" / "embedded.yaml")
     assert default_pool_of_config(config) == {

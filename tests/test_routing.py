@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.autoscale.model import PerformanceModel, PoolModel, PoolSpeculation
+from cluster.autoscale.model import PerformanceModel, PoolModel
+from cluster.autoscale.profile import PoolSpeculation
 from cluster.config import RoutingConfig
 from cluster.routing import Decision, PoolLoad, Reason, RequestFeatures, choose_pool
 

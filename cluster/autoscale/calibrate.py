@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.autoscale.model import CalibrationProfile, PoolSpeculation
+from cluster.autoscale.profile import CalibrationProfile, PoolSpeculation
 from cluster.config import ClusterConfig, PoolConfig, load_config
 
 SWEEP = {

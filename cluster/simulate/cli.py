@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.autoscale.model import CalibrationProfile, PerformanceModel
+from cluster.autoscale.model import PerformanceModel
+from cluster.autoscale.profile import CalibrationProfile
 from cluster.bench.runner import write_atomically
 from cluster.config import ClusterConfig, load_config
 from cluster.simulate import trace as traces

@@ -21,6 +21,8 @@ RUNS = [
     for run in ("20261205-115044", "20261205-123741", "20261205-130635")
 ]
 EMBEDDED = {"eagle3.1": "speculative", "none": "throughput"}
+AS_DEPLOYED_RUN = ROOT / "benchmarks" / "results" / "calibrate" / "20261206-020125"
+"""`cluster calibrate configs/embedded.yaml`'s own sweep: each pool alone as deployed (`<role>-x1`)."""
 
 
 def held_out_errors(profile: CalibrationProfile) -> list[tuple[CalibrationPoint, float, float]]:
@@ -63,6 +65,26 @@ def test_from_bench_run_takes_medians_and_pooled_acceptance():
     assert by_source["eagle3.1/code-long-1024@c1"].depth == 3
     assert by_source["none/code-long-1024@c1"].acceptance_per_position == ()
     assert profile.pools["speculative"].schedule == [(1, 4, 3), (5, 16, 1)]
+
+
+def test_calibrate_measures_the_pools_as_deployed_by_default(tmp_path):
+    out = tmp_path / "profile.yaml"
+    config = ROOT / "configs" / "embedded.yaml"
+    assert (
+        main(["calibrate", str(config), "--out", str(out), "--from-run", str(AS_DEPLOYED_RUN)]) == 0
+    )
+    profile = CalibrationProfile.load(out)
+    assert profile.configs == {"speculative": "speculative-x1", "throughput": "throughput-x1"}
+    # The throughput pool's config has no `speculation` block at all.
+    assert profile.pools["throughput"] == PoolSpeculation()
+    deployed = load_config(config).pools[0].speculation.num_speculative_tokens_per_batch_size
+    assert profile.pools["speculative"].schedule == [tuple(r) for r in deployed]
+    cells = {(p.pool, p.context_tokens // 1000, p.batch) for p in profile.points}
+    assert cells == {
+        (pool, k, batch)
+        for pool in ("speculative", "throughput")
+        for k, batch in ((1, 1), (1, 4), (1, 16), (2, 1), (2, 4))
+    }
 
 
 def test_calibrate_takes_each_pools_speculation_from_the_config():

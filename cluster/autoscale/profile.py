@@ -136,7 +136,7 @@ class CalibrationProfile(BaseModel):
         for config, pool in pool_of_config.items():
             data = (result["configs"].get(config) or {}).get("config") or {}
             if data.get("pools"):
-                pools[pool] = PoolSpeculation.from_config(data["pools"][0]["speculation"])
+                pools[pool] = PoolSpeculation.from_config(data["pools"][0].get("speculation") or {})
         return cls(
             machine={**result.get("machine", {}), "versions": result.get("versions", {})},
             sources=[path.name],

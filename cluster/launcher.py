@@ -173,9 +173,9 @@ def interrupt_and_wait(process: subprocess.Popen, timeout_s: float, *, group: bo
     """SIGINT a process (`group`: its whole process group) and return its exit code, or SIGKILL
     the group after `timeout_s` (children run in their own session, so the group is theirs).
 
-    A server frozen by a benchmark is thawed first: a signal sent while every thread is
-    stopped goes to whichever thread wakes first, and Python only acts on it promptly when
-    that is the main thread (measured: `cluster serve` then ran into the 120 s kill)."""
+    A server frozen by a benchmark is thawed first, so it can act on the signal at once; which
+    of its threads the kernel hands the signal to is chance, which `cluster serve` copes with
+    (`idle_until_interrupted`; before that, a thawed server ran into the 120 s kill)."""
     signal_session(process.pid, signal.SIGCONT)
     if group:
         os.killpg(process.pid, signal.SIGINT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -529,12 +530,19 @@ def test_engine_stats_carry_spec_counters_and_read_back():
 def test_a_second_interrupt_does_not_cut_the_servers_shutdown_short():
     from cluster.bench import runner
 
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     runner.INTERRUPTED.clear()
-    with pytest.raises(KeyboardInterrupt):
-        runner._interrupt()
-    runner._interrupt()  # while the servers stop: ignored
-    assert runner.INTERRUPTED.is_set()
-    runner.INTERRUPTED.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner._interrupt()
+        runner._interrupt()  # while the servers stop: ignored
+        assert runner.INTERRUPTED.is_set()
+        # ... and by the OS too, up to the process's exit.
+        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        runner.INTERRUPTED.clear()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def test_engine_cores_reads_the_affinity_of_each_worker_process():

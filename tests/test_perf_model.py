@@ -22,7 +22,7 @@ RUNS = [
 ]
 EMBEDDED = {"eagle3.1": "speculative", "none": "throughput"}
 AS_DEPLOYED_RUN = ROOT / "benchmarks" / "results" / "calibrate" / "20261206-020125"
-"""`cluster calibrate configs/embedded.yaml`'s own sweep: each pool alone as deployed (`<role>-x1`)."""
+"""`cluster calibrate configs/embedded.yaml`'s own sweep: each pool alone, as deployed."""
 
 
 def held_out_errors(profile: CalibrationProfile) -> list[tuple[CalibrationPoint, float, float]]:

@@ -72,7 +72,7 @@ def run_sweep(config_path: Path, bench_configs: list[str]) -> Path:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     config_path = Path(args.file)
-    config = load_config(config_path)
+    config = load_config(config_path, require_profile=False)  # calibrate may create it
     pool_of_config = default_pool_of_config(config)
     for item in args.pool:
         pool, _, bench = item.partition("=")

@@ -143,22 +143,41 @@ def _cmd_routing_points(args: argparse.Namespace) -> int:
     return 0
 
 
+def _depth_of(name: str, depths: dict[str, int]) -> int | None:
+    """Fixed draft depth of a configuration: `--depth NAME=K`, `none` (0), `eagle3.1-k<N>`."""
+    if name in depths:
+        return depths[name]
+    if name == "none":
+        return 0
+    if name.startswith("eagle3.1-k"):
+        return int(name.removeprefix("eagle3.1-k"))
+    return None  # not a fixed depth (e.g. a dynamic schedule run beside the sweep)
+
+
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    """Derive the dynamic speculation schedule from a sweep run (`--configs none,eagle3.1-kN`)."""
+    """Derive the dynamic speculation schedule from sweep runs (`--configs none,eagle3.1-kN`,
+    or any configurations named with `--depth`)."""
     from cluster.bench import runner, stats
     from cluster.speculation import derive_schedule
 
-    result = json.loads((Path(args.run) / runner.RESULT_FILE).read_text())
-    records = [r for r in result["records"] if r["workload"] == args.workload]
+    depths = {}
+    for item in args.depth:
+        name, _, depth = item.partition("=")
+        if not depth.isdigit():
+            raise ValueError(f"--depth {item!r}: expected CONFIG=K (e.g. speculative-x1=3)")
+        depths[name] = int(depth)
     rates: dict[int, dict[int, float]] = {}
-    for name in stats.configs_of(records):
-        if name != "none" and not name.startswith("eagle3.1-k"):
-            continue  # not a fixed depth (e.g. a dynamic schedule run beside the sweep)
-        depth = 0 if name == "none" else int(name.removeprefix("eagle3.1-k"))
-        for cell, _, concurrency in stats.cells_of(records):
-            spread = stats.cell_stats(records, name, cell)["per_user_tok_s"]
-            if spread:
-                rates.setdefault(depth, {})[concurrency] = spread["median"]
+    for run in args.run:
+        result = json.loads((Path(run) / runner.RESULT_FILE).read_text())
+        records = [r for r in result["records"] if r["workload"] == args.workload]
+        for name in stats.configs_of(records):
+            depth = _depth_of(name, depths)
+            if depth is None:
+                continue
+            for cell, _, concurrency in stats.cells_of(records):
+                spread = stats.cell_stats(records, name, cell)["per_user_tok_s"]
+                if spread:
+                    rates.setdefault(depth, {})[concurrency] = spread["median"]
     for depth, by_c in sorted(rates.items()):
         print(f"k={depth}: " + ", ".join(f"c={c}: {v:.1f}" for c, v in sorted(by_c.items())))
     schedule = derive_schedule(rates, args.max_batch_size)
@@ -238,11 +257,16 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     sched = sub.add_parser(
         "schedule",
         help="derive num_speculative_tokens_per_batch_size from a depth sweep run",
-        description="Reads a run of --configs none,eagle3.1-k1,...,eagle3.1-kN and prints, per "
-        "depth, the median per-user decode rate at each concurrency, then the schedule that "
+        description="Reads runs of --configs none,eagle3.1-k1,...,eagle3.1-kN (or of any "
+        "configurations given a --depth) and prints, per depth, the median per-user decode rate at each concurrency, then the schedule that "
         "picks the fastest depth per level (see cluster.speculation.derive_schedule).",
     )
-    sched.add_argument("run", help="run directory of the sweep")
+    sched.add_argument("run", nargs="+", help="run directories of the sweep")
+    sched.add_argument(
+        "--depth", action="append", default=[], metavar="CONFIG=K",
+        help="CONFIG drafts K tokens per step at every level of the sweep (e.g. the pools "
+        "measured as deployed: --depth speculative-x1=3 --depth throughput-x1=0)",
+    )  # fmt: skip
     sched.add_argument("--workload", default="code-long-1024")
     sched.add_argument("--max-batch-size", type=int, default=16, help="the pool's max_num_seqs")
     sched.set_defaults(func=_cmd_schedule)

@@ -16,9 +16,15 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "embedded.yam
 
 
 def parse_config(
-    data: Any, source: str = "<config>", base_dir: Path | None = None
+    data: Any,
+    source: str = "<config>",
+    base_dir: Path | None = None,
+    *,
+    require_profile: bool = True,
 ) -> ClusterConfig:
-    """Validate already-loaded YAML data; raises ConfigError naming `source` and field paths."""
+    """Validate already-loaded YAML data; raises ConfigError naming `source` and field paths.
+    `require_profile=False` lets a missing `routing.profile` pass (for `cluster calibrate`,
+    which writes it)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
     try:
@@ -27,7 +33,7 @@ def parse_config(
         raise ConfigError(format_errors(source, error)) from None
     config._base_dir = base_dir or Path.cwd()
     config._source = source
-    problems = drafter_problems(config) + profile_problems(config)
+    problems = drafter_problems(config) + (profile_problems(config) if require_profile else [])
     if problems:
         raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
     return config
@@ -65,7 +71,9 @@ def profile_problems(config: ClusterConfig) -> list[str]:
     return [f"routing.profile: {profile}: no such file"]
 
 
-def load_config(path: str | Path | None = None) -> ClusterConfig:
+def load_config(
+    path: str | Path | None = None, *, require_profile: bool = True
+) -> ClusterConfig:
     """Load and validate a cluster YAML file (default: the embedded preset)."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
@@ -80,4 +88,6 @@ def load_config(path: str | Path | None = None) -> ClusterConfig:
         raise ConfigError(
             f"{path}: {where}: invalid YAML: {getattr(error, 'problem', error)}"
         ) from None
-    return parse_config(data, str(path), path.resolve().parent)
+    return parse_config(
+        data, str(path), path.resolve().parent, require_profile=require_profile
+    )

@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     hardware = HardwareScale.load(args.hardware) if args.hardware else None
     profile = Path(
         args.profile
+        or (hardware and hardware.profile)
         or (
             config.resolve_path(config.routing.profile)
             if config.routing.profile
@@ -297,7 +298,7 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--write-trace", help="also write the trace's requests as JSONL here")
     parser.add_argument(
         "--profile",
-        help="calibration profile (default: the config's "
+        help="calibration profile (default: the --hardware file's profile, else the config's "
         "routing.profile, else configs/profiles/embedded.yaml)",
     )
     parser.add_argument(

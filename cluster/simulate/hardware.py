@@ -37,6 +37,10 @@ class HardwareScale(BaseModel):
 
     description: str = ""
     """What the numbers stand for and where they come from."""
+    profile: str | None = None
+    """The calibration profile measured here that these ratios carry over (relative to this
+    file): the one whose shape (where speculation stops paying as the batch grows) is closest
+    to the target's. None: `cluster simulate`'s default profile."""
     single_stream_tok_s: float = Field(gt=0)
     """Throughput pool (no speculation): decode tokens/s of one request alone on a replica,
     with 1k tokens of context."""
@@ -57,7 +61,10 @@ class HardwareScale(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> HardwareScale:
-        return load_yaml_model(cls, path)
+        scale = load_yaml_model(cls, path)
+        if scale.profile:
+            scale.profile = str(Path(path).parent / scale.profile)
+        return scale
 
 
 @dataclass

@@ -376,6 +376,23 @@ def test_dynamic_speculation_schedule_from_a_sweep():
         derive_schedule({3: {1: 1.0}}, 16)
 
 
+def test_the_presets_schedule_is_what_bench_schedule_derives_from_its_calibration_runs(capsys):
+    from cluster.cli import main
+    from cluster.config import load_config
+
+    runs = [str(ROOT / "benchmarks" / "results" / "calibrate" / run)
+            for run in ("20261206-020125", "20261206-023831")]  # fmt: skip
+    argv = ["bench", "schedule", *runs, "--depth", "speculative-x1=3", "--depth", "throughput-x1=0"]
+    assert main(argv) == 0
+    derived = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    preset = load_config(ROOT / "configs" / "embedded.yaml").pools[0].speculation
+    assert [tuple(r) for r in derived] == [
+        tuple(r) for r in preset.num_speculative_tokens_per_batch_size
+    ]
+    with pytest.raises(ValueError, match="CONFIG=K"):
+        main(["bench", "schedule", *runs, "--depth", "speculative-x1"])
+
+
 def test_schedule_validation_in_the_config(tmp_path):
     from cluster.config import ConfigError, parse_config
 

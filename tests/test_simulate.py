@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "configs" / "profiles" / "embedded.yaml"
 KIMI = ROOT / "configs" / "kimi-k2.6-nvfp4-p6-b200.yaml"
 KIMI_SCALE = ROOT / "configs" / "profiles" / "kimi-k2.6-nvfp4-p6-b200.scale.yaml"
+KIMI_BASE = ROOT / "configs" / "profiles" / "embedded-two-core.yaml"
+"""The profile the Kimi scale carries over (its `profile` field)."""
 SLO = Slo(ttft_s=5.0, per_user_tok_s=5.0)
 
 
@@ -141,7 +143,7 @@ def test_ray_default_matches_rays_own_policy():
 def test_strategies_share_one_budget():
     config = load_config(KIMI)
     model = scaled_model(
-        PerformanceModel.load(PROFILE),
+        PerformanceModel.load(KIMI_BASE),
         HardwareScale.load(KIMI_SCALE),
         {"speculative": "speculative", "throughput": "throughput"},
     )
@@ -158,7 +160,8 @@ def test_strategies_share_one_budget():
 def test_scaled_model_keeps_the_anchors():
     scale = HardwareScale.load(KIMI_SCALE)
     roles = {"speculative": "speculative", "throughput": "throughput"}
-    model = scaled_model(PerformanceModel.load(PROFILE), scale, roles)
+    assert Path(scale.profile).resolve() == KIMI_BASE  # resolved next to the scale file
+    model = scaled_model(PerformanceModel.load(scale.profile), scale, roles)
     context = 1000
     assert model.pools["throughput"].per_user_rate(1, context) == pytest.approx(
         scale.single_stream_tok_s
@@ -189,6 +192,7 @@ def test_cli_writes_results_and_the_summary_block(tmp_path):
     assert code == 0
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert [s["strategy"] for s in result["strategies"]][0] == OURS
+    assert Path(result["profile"]).resolve() == KIMI_BASE  # the scale file's, not the preset's
     assert result["best_static"].startswith("ray_default_static_")
     assert (tmp_path / "out" / "replicas.png").stat().st_size > 10_000
     document = json.loads(summary.read_text())

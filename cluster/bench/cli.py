@@ -258,8 +258,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "schedule",
         help="derive num_speculative_tokens_per_batch_size from a depth sweep run",
         description="Reads runs of --configs none,eagle3.1-k1,...,eagle3.1-kN (or of any "
-        "configurations given a --depth) and prints, per depth, the median per-user decode rate at each concurrency, then the schedule that "
-        "picks the fastest depth per level (see cluster.speculation.derive_schedule).",
+        "configurations given a --depth) and prints, per depth, the median per-user decode "
+        "rate at each concurrency, then the schedule that picks the fastest depth per level "
+        "(see cluster.speculation.derive_schedule).",
     )
     sched.add_argument("run", nargs="+", help="run directories of the sweep")
     sched.add_argument(

@@ -71,9 +71,7 @@ def profile_problems(config: ClusterConfig) -> list[str]:
     return [f"routing.profile: {profile}: no such file"]
 
 
-def load_config(
-    path: str | Path | None = None, *, require_profile: bool = True
-) -> ClusterConfig:
+def load_config(path: str | Path | None = None, *, require_profile: bool = True) -> ClusterConfig:
     """Load and validate a cluster YAML file (default: the embedded preset)."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
@@ -88,6 +86,4 @@ def load_config(
         raise ConfigError(
             f"{path}: {where}: invalid YAML: {getattr(error, 'problem', error)}"
         ) from None
-    return parse_config(
-        data, str(path), path.resolve().parent, require_profile=require_profile
-    )
+    return parse_config(data, str(path), path.resolve().parent, require_profile=require_profile)

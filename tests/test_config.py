@@ -210,3 +210,12 @@ def test_cores_per_replica_reach_each_replica_by_rank():
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # every replica would share it
     per_replica = env[CORES_PER_REPLICA_ENV]
     assert [replica_cores(per_replica, rank) for rank in range(3)] == ["0", "1-2", "0"]
+
+
+@pytest.mark.parametrize("command", [["bench"], ["drafters", "train"], ["drafters", "data"]])
+def test_help_names_each_default_once_and_never_none(command, capsys):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default: [])" not in text
+    assert text.count("(default 1,4,16) (default:") == 0  # said in the help, not again

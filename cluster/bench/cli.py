@@ -10,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from cluster.config import DEFAULT_CONFIG
+from cluster.help import DefaultsHelpFormatter
 
 ROOT = DEFAULT_CONFIG.parent.parent
 SHIPPED_DRAFTERS = {
@@ -200,7 +201,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "paired ratios and the ablation, table.md and plots. On 2 cores the default (3 "
         "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 60 minutes. Subcommands "
         "`report` and `schedule` read a finished run.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     bench.add_argument(
         "--configs",

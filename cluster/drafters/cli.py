@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from cluster.help import DefaultsHelpFormatter
 from cluster.models import cache_dir
 
 EMBEDDED_TARGET = "embedded:smollm2-135m-instruct"
@@ -154,7 +155,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "data",
         help="self-distillation data: the target answers prompts built from stdlib code "
         "(vLLM), then its hidden states are captured (resumable)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     data.add_argument("--target", default=EMBEDDED_TARGET)
     data.add_argument("--out", default=str(_default_data_dir("train")), help="training set dir")
@@ -190,7 +191,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     train = actions.add_parser(
         "train",
         help="train a drafter (checkpoints every N steps; rerun to resume)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     train.add_argument("--target", default=EMBEDDED_TARGET)
     train.add_argument(

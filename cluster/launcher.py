@@ -219,48 +219,63 @@ def vllm_server_command(llm_config: dict[str, Any], port: int) -> tuple[list[str
     return argv, env
 
 
-class VLLMServerProcess:
-    """vLLM's own OpenAI server in a child process (the serving-overhead baseline)."""
+class ChildServer:
+    """A server in a child process of its own session (its engine processes go down with it),
+    ready once `_ready()` says so (by default: it printed `READY_MARKER`)."""
 
-    def __init__(self, llm_config: dict[str, Any], *, start_timeout_s: float = 600):
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.argv, self.env = vllm_server_command(llm_config, self.port)
-        self.start_timeout_s = start_timeout_s
-        self._log = tempfile.NamedTemporaryFile(prefix="vllm-server-", suffix=".log", delete=False)
-        self.ready_s: float | None = None
+    name = "server"
+
+    def __init__(self, argv: list[str], env: dict[str, str], start_timeout_s: float = 600):
+        self.argv, self.env, self.start_timeout_s = argv, env, start_timeout_s
+        self._log = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)
         self.process: subprocess.Popen | None = None
+        self.ready_s: float | None = None
 
     def log(self) -> str:
         return Path(self._log.name).read_text(errors="replace")
 
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def __enter__(self) -> VLLMServerProcess:
-        started = time.monotonic()
-        # Its own process group: the engine core it spawns goes down with it.
-        self.process = subprocess.Popen(
+    def _popen(self) -> subprocess.Popen:
+        return subprocess.Popen(
             self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-        while not self._healthy():
+
+    def _ready(self) -> bool:
+        return READY_MARKER in self.log()
+
+    def __enter__(self):
+        started = time.monotonic()
+        self.process = self._popen()
+        while not self._ready():
             if self.process.poll() is not None or time.monotonic() - started > self.start_timeout_s:
                 self.stop()
-                raise ServerStartError(f"vLLM server did not start:\n{self.log()[-4000:]}")
+                raise ServerStartError(f"{self.name} did not start:\n{self.log()[-4000:]}")
             time.sleep(1)
         self.ready_s = time.monotonic() - started
         return self
 
     def stop(self, timeout_s: float = 60) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        interrupt_and_wait(self.process, timeout_s, group=True)
+        if self.process is not None and self.process.poll() is None:
+            interrupt_and_wait(self.process, timeout_s, group=True)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
         Path(self._log.name).unlink(missing_ok=True)
+
+
+class VLLMServerProcess(ChildServer):
+    """vLLM's own OpenAI server in a child process (the serving-overhead baseline)."""
+
+    name = "vllm-server"
+
+    def __init__(self, llm_config: dict[str, Any], *, start_timeout_s: float = 600):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        super().__init__(*vllm_server_command(llm_config, self.port), start_timeout_s)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from cluster.launcher import (
-    READY_MARKER,
+    HARNESS_SERVE_ENV,
+    ChildServer,
     ServeProcess,
-    ServerStartError,
     VLLMServerProcess,
     free_port,
-    interrupt_and_wait,
     signal_session,
 )
 
@@ -63,47 +62,7 @@ class Frozen:
         signal_session(self._sid, signal.SIGCONT)
 
 
-class _ChildServer:
-    """A child process in its own session that prints `READY_MARKER` once it serves."""
-
-    name = "server"
-
-    def __init__(self, argv: list[str], env: dict[str, str], start_timeout_s: float = 600):
-        self.argv, self.env, self.start_timeout_s = argv, env, start_timeout_s
-        self._log = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)
-        self.process: subprocess.Popen | None = None
-        self.ready_s: float | None = None
-
-    def log(self) -> str:
-        return Path(self._log.name).read_text(errors="replace")
-
-    def _popen(self) -> subprocess.Popen:
-        return subprocess.Popen(
-            self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-
-    def __enter__(self):
-        started = time.monotonic()
-        self.process = self._popen()
-        while READY_MARKER not in self.log():
-            if self.process.poll() is not None or time.monotonic() - started > self.start_timeout_s:
-                self.stop()
-                raise ServerStartError(f"{self.name} did not start:\n{self.log()[-4000:]}")
-            time.sleep(1)
-        self.ready_s = time.monotonic() - started
-        return self
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            interrupt_and_wait(self.process, 60, group=True)
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-        Path(self._log.name).unlink(missing_ok=True)
-
-
-class RayLLMServer(_ChildServer):
+class RayLLMServer(ChildServer):
     """Ray Serve LLM's own OpenAI app (`cluster.bench.rayllm_app`) with Ray's defaults."""
 
     name = "rayllm"
@@ -112,11 +71,12 @@ class RayLLMServer(_ChildServer):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
+        env |= HARNESS_SERVE_ENV  # stops in seconds; serving itself keeps Ray's defaults
         argv = [sys.executable, "-m", "cluster.bench.rayllm_app", json.dumps(llm_config)]
         super().__init__([*argv, str(self.port)], env)
 
 
-class InProcessServer(_ChildServer):
+class InProcessServer(ChildServer):
     """vLLM's AsyncLLM in a child process (`cluster.bench.inprocess`) that replays jobs sent
     on its stdin and answers each with one JSON line on its stdout: no HTTP anywhere."""
 

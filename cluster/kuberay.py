@@ -1,6 +1,6 @@
 """`cluster render kuberay`: a KubeRay `RayService` from the same cluster YAML that runs locally,
-plus the objects that keep it safe to run: its ingress Service, a PodDisruptionBudget per worker
-group and a default-deny NetworkPolicy with explicit allows.
+plus the objects that keep it safe to run (`cluster.kuberay_objects`): its ingress Service, a
+PodDisruptionBudget per worker group and a default-deny NetworkPolicy with explicit allows.
 
 The Serve config points at `cluster.deployments.app:app_builder` with the cluster config inline,
 so the application on EKS is built by the same code as `cluster serve`. One worker group per
@@ -21,22 +21,27 @@ from pathlib import Path
 from typing import Any
 
 from cluster.config import ClusterConfig, PoolConfig, map_local_paths
+from cluster.kuberay_objects import (
+    HEAD_METRICS_PORTS,
+    INGRESS_GROUP,
+    METRICS_PORT,
+    MONITORING_NAMESPACE,
+    SERVE_PORT,
+    SERVICE_LABEL,
+    ingress_service,
+    labels,
+    network_policies,
+    pod_disruption_budget,
+)
 
 MODEL_CACHE = "/mnt/cluster-cache"
 NODE_MODEL_CACHE = "/mnt/k8s-disks/0"  # nodeadm's RAID0 of the instance-store NVMe drives
 # The image's working directory: the project checkout, so shipped drafters/ are found there.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
-INGRESS_GROUP = "ingress"
-"""The CPU worker group of the Serve ingress (a pool may not take this name)."""
 INGRESS_RESOURCE = "cluster_ingress"
 """Custom Ray resource: one per ingress pod, one per ingress replica, so replicas land one per
 pod (and the pods spread over zones) instead of on GPU nodes."""
-SERVE_PORT = 8000
-METRICS_PORT = 8080
-# Ray's own metrics endpoints on the head (autoscaler, dashboard) that Prometheus scrapes too.
-HEAD_METRICS_PORTS = (44217, 44227)
-DASHBOARD_AGENT_PORT = 52365
 GCS_REDIS_ADDRESS = "rediss://GCS_REDIS_ENDPOINT:6379"
 """`rediss://` = TLS. The kuberay Terraform module replaces GCS_REDIS_ENDPOINT with the
 ElastiCache primary endpoint of the gcs_redis module."""
@@ -47,13 +52,10 @@ REDIS_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # In-cluster Prometheus and Grafana of the observability Terraform module; the Ray dashboard
 # queries Prometheus server-side and embeds Grafana panels in the operator's browser, which
 # reaches Grafana through `kubectl port-forward svc/grafana 3000:80 -n monitoring`.
-MONITORING_NAMESPACE = "monitoring"
 PROMETHEUS_HOST = f"http://kps-prometheus.{MONITORING_NAMESPACE}.svc:9090"
 GRAFANA_HOST = f"http://grafana.{MONITORING_NAMESPACE}.svc"
 GRAFANA_IFRAME_HOST = "http://localhost:3000"
-KUBERAY_NAMESPACE = "kuberay-system"
 TERMINATION_MARGIN_S = 30  # SIGTERM to SIGKILL after the drain: Ray's own shutdown
-SERVICE_LABEL = "cluster.ai/rayservice"
 API_KEYS_SECRET, API_KEYS_SECRET_KEY = "cluster-api-keys", "keys.json"
 API_KEYS_DIR = "/etc/cluster/api-keys"
 # checkov Kubernetes checks that do not fit Ray pods, with the reason next to each.
@@ -68,10 +70,6 @@ CHECKOV_SKIPS = {
 HEAD_CHECKOV_SKIPS = {
     "CKV_K8S_38": "the in-tree autoscaler sidecar on the head calls the Kubernetes API",
 }
-
-
-def _labels(name: str, group: str) -> dict[str, str]:
-    return {SERVICE_LABEL: name, "ray.io/group": group}
 
 
 def _pod_metadata(name: str, skips: dict[str, str]) -> dict[str, Any]:
@@ -216,7 +214,7 @@ def _ingress_group(config: ClusterConfig, name: str, image: str, service_account
     if keys:
         pod["spec"]["volumes"] = keys["volumes"]
     pod["spec"]["nodeSelector"] = {"cluster.ai/role": "ingress"}
-    selector = {"matchLabels": _labels(name, INGRESS_GROUP)}
+    selector = {"matchLabels": labels(name, INGRESS_GROUP)}
     pod["spec"]["topologySpreadConstraints"] = [
         {
             "maxSkew": 1,
@@ -357,101 +355,6 @@ def rayservice(
     }
 
 
-def _ingress_service(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": f"{name}-ingress", "labels": {SERVICE_LABEL: name}},
-        "spec": {
-            "type": "ClusterIP",
-            "selector": _labels(name, INGRESS_GROUP),
-            "ports": [{"name": "serve", "port": SERVE_PORT, "targetPort": SERVE_PORT}],
-        },
-    }
-
-
-def _pdb(name: str, group: str) -> dict[str, Any]:
-    """At most one pod of a group down at a time from voluntary disruptions (node drains,
-    Karpenter consolidation, upgrades): a pool never loses every replica at once, and a group
-    of one can still be drained (its replica restarts elsewhere)."""
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": f"{name}-{group}"},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _labels(name, group)}},
-    }
-
-
-def _network_policy(name: str, suffix: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": f"{name}-{suffix}"},
-        "spec": {"policyTypes": ["Ingress"], **spec},
-    }
-
-
-def _namespace(name: str) -> dict[str, Any]:
-    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
-
-
-def _ports(*ports: int) -> list[dict[str, Any]]:
-    return [{"protocol": "TCP", "port": port} for port in ports]
-
-
-def network_policies(name: str) -> list[dict[str, Any]]:
-    """Default deny for every pod of the namespace, then only: Ray pods among themselves (GCS,
-    object transfer, workers: many dynamic ports), the load balancer to the ingress pods' Serve
-    port, the KubeRay operator to the dashboard / agent / proxy health endpoints, Prometheus to
-    the metrics ports. The dashboard (8265) and client (10001) ports are reachable from nothing
-    else: operators use `kubectl port-forward`."""
-    ray_pods = {"matchLabels": {SERVICE_LABEL: name}}
-    return [
-        _network_policy(name, "default-deny", {"podSelector": {}}),
-        _network_policy(
-            name,
-            "intra-ray",
-            {"podSelector": ray_pods, "ingress": [{"from": [{"podSelector": ray_pods}]}]},
-        ),
-        # The ALB (target type ip) connects from its own ENIs; its security group, managed by
-        # the AWS Load Balancer Controller, admits only 443 from the allowed CIDRs.
-        _network_policy(
-            name,
-            "load-balancer",
-            {
-                "podSelector": {"matchLabels": _labels(name, INGRESS_GROUP)},
-                "ingress": [{"ports": _ports(SERVE_PORT)}],
-            },
-        ),
-        _network_policy(
-            name,
-            "kuberay-operator",
-            {
-                "podSelector": ray_pods,
-                "ingress": [
-                    {
-                        "from": [_namespace(KUBERAY_NAMESPACE)],
-                        "ports": _ports(8265, DASHBOARD_AGENT_PORT, SERVE_PORT),
-                    }
-                ],
-            },
-        ),
-        _network_policy(
-            name,
-            "prometheus",
-            {
-                "podSelector": ray_pods,
-                "ingress": [
-                    {
-                        "from": [_namespace(MONITORING_NAMESPACE)],
-                        "ports": _ports(METRICS_PORT, *HEAD_METRICS_PORTS),
-                    }
-                ],
-            },
-        ),
-    ]
-
-
 def manifests(config: ClusterConfig, **options: Any) -> list[dict[str, Any]]:
     """Everything `cluster render kuberay` prints: the RayService (see `rayservice` for the
     options), the ingress Service, a PodDisruptionBudget per worker group, NetworkPolicies."""
@@ -460,8 +363,8 @@ def manifests(config: ClusterConfig, **options: Any) -> list[dict[str, Any]]:
     groups = [g["groupName"] for g in service["spec"]["rayClusterConfig"]["workerGroupSpecs"]]
     return [
         service,
-        _ingress_service(name),
-        *(_pdb(name, group) for group in groups),
+        ingress_service(name),
+        *(pod_disruption_budget(name, group) for group in groups),
         *network_policies(name),
     ]
 

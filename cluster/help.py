@@ -11,6 +11,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or action.default in (None, [], False):
+        if "default" in text or action.default is None or action.default is False:
+            return text
+        if isinstance(action.default, list) and not action.default:
             return text
         return super()._get_help_string(action)

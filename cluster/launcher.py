@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -243,7 +243,7 @@ class ChildServer:
     def _ready(self) -> bool:
         return READY_MARKER in self.log()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         started = time.monotonic()
         self.process = self._popen()
         while not self._ready():

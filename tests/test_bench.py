@@ -389,8 +389,13 @@ def test_the_presets_schedule_is_what_bench_schedule_derives_from_its_calibratio
     assert [tuple(r) for r in derived] == [
         tuple(r) for r in preset.num_speculative_tokens_per_batch_size
     ]
-    with pytest.raises(ValueError, match="CONFIG=K"):
+    with pytest.raises(SystemExit):  # a usage error, not a traceback
         main(["bench", "schedule", *runs, "--depth", "speculative-x1"])
+    assert "expected CONFIG=K" in capsys.readouterr().err
+    # Two configurations measuring the same depth and level: refused, not one silently kept.
+    assert main(["bench", "schedule", *runs, "--depth", "speculative-x1=0",
+                 "--depth", "throughput-x1=0"]) == 2  # fmt: skip
+    assert "measured twice" in capsys.readouterr().err
 
 
 def test_schedule_validation_in_the_config(tmp_path):
@@ -625,3 +630,14 @@ def test_a_server_that_stopped_answering_is_named_not_raised():
         proxy.shutdown()
     gone = SimpleNamespace(base_url=f"http://127.0.0.1:{free_port()}")
     assert "refused" in unanswered(gone, "m").lower()
+
+
+def test_a_config_that_failed_mid_run_leaves_the_others_repetitions_complete():
+    # `b` stopped answering after repetition 1: repetitions 2-3 hold only `a`.
+    records = [_record("a", rep, 10.0 + rep, 10.0) for rep in range(4)]
+    records += [_record("b", rep, 5.0, 5.0) for rep in range(2)]
+    result = {"configs": {"a": {}, "b": {"failed": "stopped answering at repetition 2"}},
+              "records": records}  # fmt: skip
+    assert [r["repetition"] for r in stats.measured(records)] == [1, 1]  # b's gap ate 2-3
+    kept = stats.measured(stats.usable_records(result))
+    assert [(r["config"], r["repetition"]) for r in kept] == [("a", 1), ("a", 2), ("a", 3)]

@@ -80,6 +80,21 @@ def test_from_bench_run_takes_medians_and_pooled_acceptance():
     assert profile.pools["speculative"].schedule == [(1, 4, 3), (5, 16, 1)]
 
 
+def test_calibrate_writes_the_profile_the_config_names_even_before_it_exists(tmp_path):
+    import yaml
+
+    from cluster.launcher import with_absolute_paths
+
+    preset = ROOT / "configs" / "embedded.yaml"
+    data = with_absolute_paths(yaml.safe_load(preset.read_text()), preset.parent)
+    data["routing"]["profile"] = "profiles/new.yaml"
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump(data))
+    runs = [arg for run in AS_DEPLOYED_RUNS for arg in ("--from-run", str(run))]
+    assert main(["calibrate", str(config), *runs]) == 0
+    assert (tmp_path / "profiles" / "new.yaml").read_text() == PROFILE.read_text()
+
+
 def test_calibrate_measures_the_pools_as_deployed_by_default(tmp_path):
     out = tmp_path / "profile.yaml"
     config = ROOT / "configs" / "embedded.yaml"

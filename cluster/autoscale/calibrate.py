@@ -79,7 +79,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         pool_of_config = {b: p for b, p in pool_of_config.items() if p != pool} | {bench: pool}
     runs = [Path(r) for r in args.from_run] or [run_sweep(config_path, [*pool_of_config])]
     profile = profile_from_runs(config, runs, pool_of_config)
-    out = Path(args.out or config_path.parent / "profiles" / f"{config_path.stem}.yaml")
+    named = config.routing.profile and config.resolve_path(config.routing.profile)
+    out = Path(args.out or named or config_path.parent / "profiles" / f"{config_path.stem}.yaml")
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     print(f"wrote {out}: {len(profile.points)} points, pools {', '.join(sorted(profile.pools))}")
@@ -107,6 +108,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "alone as deployed; e.g. speculative=eagle3.1 for the two-core single-pool engine)",
     )  # fmt: skip
     calibrate.add_argument(
-        "--out", help="profile file (default: profiles/<config name>.yaml next to CONFIG)"
+        "--out",
+        help="profile file (default: CONFIG's routing.profile, else profiles/<config name>.yaml "
+        "next to CONFIG)",
     )
     calibrate.set_defaults(func=_cmd_calibrate)

@@ -123,7 +123,7 @@ class CalibrationProfile(BaseModel):
 
         path = Path(path)
         result = json.loads((path / "result.json").read_text())
-        records = stats.measured(result["records"])
+        records = stats.measured(stats.usable_records(result))
         points = []
         for config, pool in pool_of_config.items():
             replicas = _fixed_replicas((result["configs"].get(config) or {}).get("config"))

@@ -132,7 +132,7 @@ def _cmd_routing_points(args: argparse.Namespace) -> int:
     from cluster.simulate.cli import update_summary
 
     result = json.loads((Path(args.run) / runner.RESULT_FILE).read_text())
-    points = stats.routing_points(result["records"])
+    points = stats.routing_points(stats.usable_records(result))
     if not points:
         print(f"{args.run}: no cell where `routed` and another cluster configuration both ran")
         return 1
@@ -155,30 +155,41 @@ def _depth_of(name: str, depths: dict[str, int]) -> int | None:
     return None  # not a fixed depth (e.g. a dynamic schedule run beside the sweep)
 
 
+def _config_depth(item: str) -> tuple[str, int]:
+    """`--depth CONFIG=K` as (CONFIG, K)."""
+    name, _, depth = item.partition("=")
+    if not name or not depth.isdigit():
+        raise argparse.ArgumentTypeError(f"{item!r}: expected CONFIG=K (e.g. speculative-x1=3)")
+    return name, int(depth)
+
+
 def _cmd_schedule(args: argparse.Namespace) -> int:
     """Derive the dynamic speculation schedule from sweep runs (`--configs none,eagle3.1-kN`,
     or any configurations named with `--depth`)."""
     from cluster.bench import runner, stats
     from cluster.speculation import derive_schedule
 
-    depths = {}
-    for item in args.depth:
-        name, _, depth = item.partition("=")
-        if not depth.isdigit():
-            raise ValueError(f"--depth {item!r}: expected CONFIG=K (e.g. speculative-x1=3)")
-        depths[name] = int(depth)
+    depths = dict(args.depth)
     rates: dict[int, dict[int, float]] = {}
     for run in args.run:
         result = json.loads((Path(run) / runner.RESULT_FILE).read_text())
-        records = [r for r in result["records"] if r["workload"] == args.workload]
+        records = [r for r in stats.usable_records(result) if r["workload"] == args.workload]
         for name in stats.configs_of(records):
             depth = _depth_of(name, depths)
             if depth is None:
                 continue
             for cell, _, concurrency in stats.cells_of(records):
                 spread = stats.cell_stats(records, name, cell)["per_user_tok_s"]
-                if spread:
-                    rates.setdefault(depth, {})[concurrency] = spread["median"]
+                if not spread:
+                    continue
+                if concurrency in rates.get(depth, {}):
+                    print(
+                        f"cluster bench schedule: depth {depth} at c={concurrency} is measured "
+                        f"twice ({run}: {name}); give each level one run",
+                        file=sys.stderr,
+                    )
+                    return 2
+                rates.setdefault(depth, {})[concurrency] = spread["median"]
     for depth, by_c in sorted(rates.items()):
         print(f"k={depth}: " + ", ".join(f"c={c}: {v:.1f}" for c, v in sorted(by_c.items())))
     schedule = derive_schedule(rates, args.max_batch_size)
@@ -265,9 +276,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     )
     sched.add_argument("run", nargs="+", help="run directories of the sweep")
     sched.add_argument(
-        "--depth", action="append", default=[], metavar="CONFIG=K",
-        help="CONFIG drafts K tokens per step at every level of the sweep (e.g. the pools "
-        "measured as deployed: --depth speculative-x1=3 --depth throughput-x1=0)",
+        "--depth", action="append", default=[], metavar="CONFIG=K", type=_config_depth,
+        help="count CONFIG's cells as depth K (e.g. the pools measured as deployed: --depth "
+        "speculative-x1=3 --depth throughput-x1=0; a pool whose schedule turned drafting off "
+        "at some level still counts as K there)",
     )  # fmt: skip
     sched.add_argument("--workload", default="code-long-1024")
     sched.add_argument("--max-batch-size", type=int, default=16, help="the pool's max_num_seqs")

@@ -50,7 +50,7 @@ def method_lines(result: dict[str, Any]) -> list[str]:
 def summary(result: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """`summary.json`: the paired ratios and the ablation of a run (keys are checked by tests
     and read by the README table)."""
-    records = result["records"]
+    records = stats.usable_records(result)
     configs = stats.configs_of(records)
     return {
         "run": run_dir,

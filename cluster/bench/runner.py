@@ -10,6 +10,7 @@ run resumes where it stopped (`cluster bench --resume DIR`).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import io
 import json
 import math
@@ -251,7 +252,8 @@ def run(
         for config in runnable:
             bar.set_postfix(config=config.name, stage="starting")
             try:
-                make_room(SERVER_MEMORY_GIB)
+                if servers:  # only frozen servers can be pushed out to make room
+                    make_room(SERVER_MEMORY_GIB)
                 stack.enter_context(server := start(config, preset_dir))
             except ServerStartError as error:  # the other configs still run
                 bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
@@ -283,6 +285,7 @@ def run(
                         )
                         write_atomically(path, result)
                         del servers[name]
+                        server.stop()  # its memory back for the others (thawed above)
                         continue
                     for cell in missing:
                         bar.set_postfix(rep=repetition, config=name, cell=cell.name)
@@ -332,8 +335,8 @@ def unanswered(server: Any, model: str) -> str | None:
     frozen), or None."""
     try:
         touch(server, model)
-    except OSError as error:  # HTTP errors and refused connections alike
-        return str(error)
+    except (OSError, http.client.HTTPException, RuntimeError) as error:
+        return str(error) or type(error).__name__  # HTTP errors, refused, cut off, in-process
     return None
 
 

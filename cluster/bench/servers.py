@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from cluster.launcher import (
-    HARNESS_SERVE_ENV,
     ChildServer,
     ServeProcess,
     ServerStartError,
@@ -90,7 +89,6 @@ class RayLLMServer(ChildServer):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
-        env |= HARNESS_SERVE_ENV  # stops in seconds; serving itself keeps Ray's defaults
         argv = [sys.executable, "-m", "cluster.bench.rayllm_app", json.dumps(llm_config)]
         super().__init__([*argv, str(self.port)], env)
 

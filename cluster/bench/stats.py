@@ -51,6 +51,14 @@ def spread(values: Iterable[float]) -> dict[str, float] | None:
     }
 
 
+def usable_records(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's records without those of configurations that failed mid-run (a server that
+    stopped answering): they are missing from every later repetition, which would otherwise
+    leave no repetition complete for the configurations that went on."""
+    failed = {name for name, config in result["configs"].items() if "failed" in config}
+    return [r for r in result["records"] if r["config"] not in failed]
+
+
 def measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records that count: not warm-up, and of complete repetitions only (a run stopped
     mid-repetition measured some configurations once more than others)."""

@@ -45,7 +45,7 @@ resource "helm_release" "kuberay_operator" {
   repository       = "https://ray-project.github.io/kuberay-helm/"
   chart            = "kuberay-operator"
   version          = var.operator_version
-  namespace        = "kuberay-system" # cluster.kuberay.KUBERAY_NAMESPACE (NetworkPolicy)
+  namespace        = "kuberay-system" # cluster.kuberay_objects.KUBERAY_NAMESPACE (NetworkPolicy)
   create_namespace = true
 }
 

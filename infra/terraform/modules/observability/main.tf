@@ -28,7 +28,7 @@ locals {
 
 resource "kubernetes_namespace_v1" "monitoring" {
   metadata {
-    name = var.namespace # cluster.kuberay.MONITORING_NAMESPACE (NetworkPolicy allows it)
+    name = var.namespace # cluster.kuberay_objects.MONITORING_NAMESPACE (NetworkPolicy allows it)
   }
 }
 

@@ -80,7 +80,7 @@ def test_from_bench_run_takes_medians_and_pooled_acceptance():
     assert profile.pools["speculative"].schedule == [(1, 4, 3), (5, 16, 1)]
 
 
-def test_calibrate_writes_the_profile_the_config_names_even_before_it_exists(tmp_path):
+def test_calibrate_writes_the_profile_the_config_names_even_before_it_exists(tmp_path, capsys):
     import yaml
 
     from cluster.launcher import with_absolute_paths
@@ -93,6 +93,9 @@ def test_calibrate_writes_the_profile_the_config_names_even_before_it_exists(tmp
     runs = [arg for run in AS_DEPLOYED_RUNS for arg in ("--from-run", str(run))]
     assert main(["calibrate", str(config), *runs]) == 0
     assert (tmp_path / "profiles" / "new.yaml").read_text() == PROFILE.read_text()
+    (tmp_path / "profiles" / "new.yaml").unlink()  # a sweep would deploy the missing profile
+    assert main(["calibrate", str(config)]) == 2  # refused before any sweep starts
+    assert "routing.profile: profiles/new.yaml: no such file" in capsys.readouterr().err
 
 
 def test_calibrate_measures_the_pools_as_deployed_by_default(tmp_path):

@@ -12,7 +12,13 @@ import argparse
 from pathlib import Path
 
 from cluster.autoscale.profile import CalibrationProfile, PoolSpeculation
-from cluster.config import ClusterConfig, PoolConfig, load_config
+from cluster.config import (
+    ClusterConfig,
+    ConfigError,
+    PoolConfig,
+    load_config,
+    profile_problems,
+)
 
 SWEEP = {
     "contexts": "1024,2048",
@@ -77,6 +83,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     for item in args.pool:
         pool, _, bench = item.partition("=")
         pool_of_config = {b: p for b, p in pool_of_config.items() if p != pool} | {bench: pool}
+    if not args.from_run and profile_problems(config):
+        raise ConfigError(
+            f"{config_path}: {profile_problems(config)[0]}; the sweep deploys {config_path} "
+            "as it is: leave routing.profile out for the sweep (or calibrate --from-run a "
+            "finished run, which writes it)"
+        )
     runs = [Path(r) for r in args.from_run] or [run_sweep(config_path, [*pool_of_config])]
     profile = profile_from_runs(config, runs, pool_of_config)
     named = config.routing.profile and config.resolve_path(config.routing.profile)

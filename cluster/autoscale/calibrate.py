@@ -83,9 +83,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     for item in args.pool:
         pool, _, bench = item.partition("=")
         pool_of_config = {b: p for b, p in pool_of_config.items() if p != pool} | {bench: pool}
-    if not args.from_run and profile_problems(config):
+    if not args.from_run and (problems := profile_problems(config)):
         raise ConfigError(
-            f"{config_path}: {profile_problems(config)[0]}; the sweep deploys {config_path} "
+            f"{config_path}: {problems[0]}; the sweep deploys {config_path} "
             "as it is: leave routing.profile out for the sweep (or calibrate --from-run a "
             "finished run, which writes it)"
         )

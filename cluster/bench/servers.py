@@ -52,13 +52,14 @@ def make_room(gib: float) -> None:
     in available RAM, so touch (then free) a buffer large enough to push frozen pages out.
     Without the swap to take them, that buffer would have the OOM killer take an engine of a
     frozen server instead (its workers are the first candidates): refuse, saying so."""
-    missing = gib - available_gib()
+    available = available_gib()
+    missing = gib - available
     if missing <= 0:
         return
     swap_free = meminfo_gib("SwapFree")
     if swap_free < missing + 1:
         raise NotEnoughMemory(
-            f"the next server needs about {gib:g} GiB: {available_gib():.1f} GiB available and "
+            f"the next server needs about {gib:g} GiB: {available:.1f} GiB available and "
             f"{swap_free:.1f} GiB of swap free to move frozen servers to; add swap or run fewer "
             "--configs at once (docs/benchmarks.md, Memory)"
         )

@@ -179,9 +179,8 @@ runner checks this after every replay instead of trusting the exception to arriv
 def _interrupt(*_: object) -> None:
     """The first Ctrl-C / SIGTERM stops the run; later ones are ignored, so they cannot cut
     short the servers' shutdown (a server left behind would skew every later benchmark).
-    Ignored by the OS, not only here: Python puts back the default action while it exits, and
-    a late signal there ends the finished run with -2 instead of 130 (seen once in the e2e
-    test)."""
+    Ignored by the OS, not only here: Python puts back the default action while it exits,
+    where a late signal would otherwise still end the run."""
     if INTERRUPTED.is_set():
         return
     INTERRUPTED.set()

@@ -125,7 +125,10 @@ def test_ctrl_c_mid_run_stops_every_server_and_the_run_resumes(tmp_path: Path):
             assert time.monotonic() < deadline, "the bench never started replaying"
             time.sleep(1)
         os.killpg(bench.pid, signal.SIGINT)
-        assert bench.wait(timeout=180) == 130, log.read_text()[-4000:]
+        # 130, or death by SIGINT: CPython re-kills itself with SIGINT at exit when the
+        # interrupt last passed through code a C extension ran with PyRun_* (which of the
+        # two depends on where the signal lands; a shell shows 130 for both).
+        assert bench.wait(timeout=180) in (130, -signal.SIGINT), log.read_text()[-4000:]
     finally:
         if bench.poll() is None:
             os.killpg(bench.pid, signal.SIGKILL)

@@ -28,6 +28,7 @@ AS_DEPLOYED_RUNS = [
 """`cluster calibrate configs/embedded.yaml`'s own sweep (each pool alone, as deployed: one core
 each) and the same configurations at c = 2, 8."""
 AS_DEPLOYED_RUN = AS_DEPLOYED_RUNS[0]
+AS_DEPLOYED_ARGS = [arg for run in AS_DEPLOYED_RUNS for arg in ("--from-run", str(run))]
 TWO_CORE_PROFILE = ROOT / "configs" / "profiles" / "embedded-two-core.yaml"
 """Each pool measured as the two-core single-pool engine: the Kimi simulation's base."""
 
@@ -50,8 +51,20 @@ def held_out_errors(profile: CalibrationProfile) -> list[tuple[CalibrationPoint,
 def test_committed_profile_is_what_calibrate_builds_from_the_runs(tmp_path):
     out = tmp_path / "profile.yaml"
     argv = ["calibrate", str(ROOT / "configs" / "embedded.yaml"), "--out", str(out)]
-    assert main(argv + [arg for run in AS_DEPLOYED_RUNS for arg in ("--from-run", str(run))]) == 0
+    assert main(argv + AS_DEPLOYED_ARGS) == 0
     assert out.read_text() == PROFILE.read_text()
+
+
+def test_from_run_takes_only_the_named_pools_of_a_run(tmp_path, capsys):
+    out = tmp_path / "profile.yaml"
+    argv = ["calibrate", str(ROOT / "configs" / "embedded.yaml"), "--out", str(out)]
+    assert main([*argv, "--from-run", f"{AS_DEPLOYED_RUN}=throughput"]) == 0
+    points = CalibrationProfile.load(out).points
+    assert points and {p.pool for p in points} == {"throughput"}
+    assert main([*argv, "--from-run", f"{AS_DEPLOYED_RUN}=speculative,throughput"]) == 0
+    assert {p.pool for p in CalibrationProfile.load(out).points} == {"speculative", "throughput"}
+    assert main([*argv, "--from-run", f"{AS_DEPLOYED_RUN}=throughputt"]) == 2
+    assert "--from-run" in (err := capsys.readouterr().err) and "'throughputt'" in err
 
 
 def test_two_core_profile_points_are_what_calibrate_builds_from_their_runs(tmp_path):
@@ -90,8 +103,7 @@ def test_calibrate_writes_the_profile_the_config_names_even_before_it_exists(tmp
     data["routing"]["profile"] = "profiles/new.yaml"
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump(data))
-    runs = [arg for run in AS_DEPLOYED_RUNS for arg in ("--from-run", str(run))]
-    assert main(["calibrate", str(config), *runs]) == 0
+    assert main(["calibrate", str(config), *AS_DEPLOYED_ARGS]) == 0
     assert (tmp_path / "profiles" / "new.yaml").read_text() == PROFILE.read_text()
     (tmp_path / "profiles" / "new.yaml").unlink()  # a sweep would deploy the missing profile
     assert main(["calibrate", str(config)]) == 2  # refused before any sweep starts

@@ -3,7 +3,9 @@
 Each pool is measured alone, exactly as the config deploys it (`cluster bench` configuration
 `<role>-x1`: its engine, cores, drafter and schedule); `--pool POOL=BENCH_CONFIG` measures it by
 another configuration (a run of `<role>-x2` counts concurrency / 2 per replica). `--from-run`
-reads finished runs; without it a short sweep runs first through the benchmark harness itself.
+reads finished runs (`RUN=POOL,...` takes only those pools' points from RUN: how one pool is
+re-measured while the others keep their runs); without it a short sweep runs first through the
+benchmark harness itself.
 """
 
 from __future__ import annotations
@@ -44,13 +46,19 @@ def default_pool_of_config(config: ClusterConfig) -> dict[str, str]:
 
 
 def profile_from_runs(
-    config: ClusterConfig, runs: list[Path], pool_of_config: dict[str, str]
+    config: ClusterConfig,
+    runs: list[Path | tuple[Path, set[str]]],
+    pool_of_config: dict[str, str],
 ) -> CalibrationProfile:
-    """Points from `runs`; each pool's speculation as `config` deploys it (the runs may have
-    measured another schedule; the points record the depth each measured)."""
-    profile = CalibrationProfile.combine(
-        [CalibrationProfile.from_bench_run(run, pool_of_config) for run in runs]
-    )
+    """Points from `runs` (a run, or a run and the pools to take from it); each pool's
+    speculation as `config` deploys it (the runs may have measured another schedule; the points
+    record the depth each measured)."""
+    profiles = []
+    for run in runs:
+        path, pools = run if isinstance(run, tuple) else (run, set(pool_of_config.values()))
+        mapping = {bench: pool for bench, pool in pool_of_config.items() if pool in pools}
+        profiles.append(CalibrationProfile.from_bench_run(path, mapping))
+    profile = CalibrationProfile.combine(profiles)
     for pool in config.pools:
         if pool.name in pool_of_config.values():
             profile.pools[pool.name] = PoolSpeculation.from_config(pool.speculation)
@@ -89,7 +97,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             "as it is: leave routing.profile out for the sweep (or calibrate --from-run a "
             "finished run, which writes it)"
         )
-    runs = [Path(r) for r in args.from_run] or [run_sweep(config_path, [*pool_of_config])]
+    runs = [_run_and_pools(item, config_path, pool_of_config) for item in args.from_run]
+    runs = runs or [run_sweep(config_path, [*pool_of_config])]
     profile = profile_from_runs(config, runs, pool_of_config)
     named = config.routing.profile and config.resolve_path(config.routing.profile)
     out = Path(args.out or named or config_path.parent / "profiles" / f"{config_path.stem}.yaml")
@@ -97,6 +106,20 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     profile.save(out)
     print(f"wrote {out}: {len(profile.points)} points, pools {', '.join(sorted(profile.pools))}")
     return 0
+
+
+def _run_and_pools(
+    item: str, config_path: Path, pool_of_config: dict[str, str]
+) -> tuple[Path, set[str]]:
+    """`RUN` (every pool) or `RUN=POOL,...` of `--from-run`."""
+    path, _, names = item.partition("=")
+    pools = set(names.split(",")) if names else set(pool_of_config.values())
+    if unknown := sorted(pools - set(pool_of_config.values())):
+        raise ConfigError(
+            f"{config_path}: --from-run {item}: no pool {unknown[0]!r} to calibrate "
+            f"(pools: {', '.join(sorted(set(pool_of_config.values())))})"
+        )
+    return Path(path), pools
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -111,8 +134,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     )
     calibrate.add_argument("file", metavar="CONFIG", help="cluster YAML")
     calibrate.add_argument(
-        "--from-run", action="append", default=[], metavar="RUN",
-        help="a `cluster bench` run directory (repeatable; points of all runs are kept)",
+        "--from-run", action="append", default=[], metavar="RUN[=POOL,...]",
+        help="a `cluster bench` run directory (repeatable; points of all runs are kept); "
+        "=POOL,... takes only those pools' points from it (re-measure one pool, keep the rest)",
     )  # fmt: skip
     calibrate.add_argument(
         "--pool", action="append", default=[], metavar="POOL=BENCH_CONFIG",

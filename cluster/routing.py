@@ -3,7 +3,10 @@
 With a performance model (`routing.profile`), each request goes to the pool that maximises its
 predicted per-user decode rate given every pool's load *including the request itself*
 (speculation pays while a replica's batch is small and costs once it is compute-bound, so the
-answer moves with load), among the pools that meet the optional TTFT / TPOT SLOs.
+answer moves with load), among the pools that meet the optional TTFT / TPOT SLOs. With SLOs,
+a request first stays on the pool of its kind (rule v1's choice by prompt length) while that
+pool meets them with `routing.slo_headroom` to spare: the goal is then the most requests
+within the SLOs, not each request as fast as it can be now.
 
 Fallbacks, in order:
 - a pool that is down (no running replica and it cannot scale from zero) or not configured is
@@ -45,6 +48,8 @@ class Reason(StrEnum):
     """The speculative pool has no running replica (or none is configured)."""
     THROUGHPUT_POOL_DOWN = "throughput_pool_down"
     """The throughput pool has no running replica (or none is configured)."""
+    HOME_POOL = "home_pool"
+    """SLOs set: the pool of the request's kind (by prompt length) meets them with headroom."""
     PREDICTED_FASTER = "predicted_faster"
     """The model predicts this pool the highest per-user rate (and it meets any SLO)."""
     SLO = "slo"
@@ -173,6 +178,14 @@ def _rule(
     return Decision(pool, loads[pool].role, why or reason)
 
 
+def _home_pool(
+    request: RequestFeatures, loads: dict[str, PoolLoad], config: RoutingConfig
+) -> str | None:
+    """The pool of the request's kind: rule v1's by prompt length, whatever the load."""
+    role = SPECULATIVE if request.prompt_tokens >= config.long_context_tokens else THROUGHPUT
+    return next((name for name, load in loads.items() if load.role == role), None)
+
+
 def _predicted(
     request: RequestFeatures,
     loads: dict[str, PoolLoad],
@@ -199,6 +212,10 @@ def _predicted(
             ttft / config.ttft_slo_s if config.ttft_slo_s else 0.0,
             1 / rate / config.tpot_slo_s if config.tpot_slo_s else 0.0,
         )
+    home = _home_pool(request, loads, config)
+    if home and config.slo_headroom and (config.ttft_slo_s or config.tpot_slo_s):
+        if misses[home] * config.slo_headroom <= 1:
+            return Decision(home, loads[home].role, Reason.HOME_POOL, rates)
     # Ties go to the throughput pool: equal speed for less compute per token.
     fastest = max(loads, key=lambda n: (rates[n], loads[n].role == THROUGHPUT))
     feasible = [n for n in loads if misses[n] <= 1]

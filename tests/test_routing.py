@@ -173,7 +173,7 @@ def test_slo_excludes_the_faster_pool(model):
     thr_ttft = model.pools[THR].ttft_s(1, 2048)
     assert spec_ttft != thr_ttft
     # An SLO between the two TTFTs leaves only the pool that starts sooner.
-    between = RoutingConfig(ttft_slo_s=(spec_ttft + thr_ttft) / 2)
+    between = RoutingConfig(ttft_slo_s=(spec_ttft + thr_ttft) / 2, slo_headroom=None)
     decision = choose_pool(request, loads(IDLE_S, IDLE_T), model, between)
     sooner = SPEC if spec_ttft < thr_ttft else THR
     assert decision.pool == sooner
@@ -209,3 +209,36 @@ def test_batch_counts_the_request_and_is_capped_per_replica():
     assert load(SPEC, 2, 6).batch_with(1) == 4
     assert load(SPEC, 1, 40, max_batch=16).batch_with(1) == 16
     assert load(SPEC, 0, 0, scales_from_zero=True).batch_with(1) == 1
+
+
+def slo_of_rate(rate: float, **kw) -> RoutingConfig:
+    return RoutingConfig(long_context_tokens=1000, tpot_slo_s=1 / rate, **kw)
+
+
+def test_with_slos_a_request_stays_on_its_kinds_pool_while_it_has_headroom(model):
+    short, long = RequestFeatures(200), RequestFeatures(2048)
+    thr_idle = model.pools[THR].per_user_rate(1, 200)
+    assert model.pools[SPEC].per_user_rate(1, 200) > 1.5 * thr_idle  # speculation is faster
+    config = slo_of_rate(thr_idle / 1.5)  # the throughput pool has 1.5x the rate to spare
+    decision = choose_pool(short, loads(IDLE_S, IDLE_T), model, config)
+    assert (decision.pool, decision.reason) == (THR, Reason.HOME_POOL)
+    assert decision.predicted == pytest.approx(expected_rates(model, short, IDLE_S, IDLE_T))
+    assert decision.header.startswith("home_pool; speculative=")
+    assert choose_pool(long, loads(IDLE_S, IDLE_T), model, config).pool == SPEC
+    # Without headroom (or without any SLO) the fastest pool, as for the live embedded preset.
+    for free in (slo_of_rate(thr_idle / 1.5, slo_headroom=None), RULE):
+        fastest = choose_pool(short, loads(IDLE_S, IDLE_T), model, free)
+        assert (fastest.pool, fastest.reason) == (SPEC, Reason.PREDICTED_FASTER)
+
+
+def test_with_slos_a_home_pool_short_of_headroom_gives_way_to_the_fastest_that_meets_them(model):
+    short = RequestFeatures(200)
+    slo_rate = model.pools[THR].per_user_rate(1, 200) / 1.5
+    busy_thr = load(THR, 1, 3)
+    home_rate = model.pools[THR].per_user_rate(4, 200)
+    assert slo_rate <= home_rate < 1.25 * slo_rate  # meets the SLO, not with 25% to spare
+    decision = choose_pool(short, loads(IDLE_S, busy_thr), model, slo_of_rate(slo_rate))
+    assert (decision.pool, decision.reason) == (SPEC, Reason.PREDICTED_FASTER)
+    # A smaller headroom keeps it home.
+    modest = slo_of_rate(slo_rate, slo_headroom=home_rate / slo_rate)
+    assert choose_pool(short, loads(IDLE_S, busy_thr), model, modest).pool == THR

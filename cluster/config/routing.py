@@ -24,6 +24,15 @@ class RoutingConfig(Strict):
     """With a profile: only pools predicted to decode at least one token per this many seconds
     per user are candidates. None: no TPOT objective."""
 
+    slo_headroom: float | None = Field(default=1.25, ge=1)
+    """With a profile and an SLO: a request stays on the pool of its kind (rule v1's by length:
+    prompts of `long_context_tokens` or more to the speculative pool, the rest to the
+    throughput pool) while that pool is predicted to meet every SLO with this factor to spare
+    (rate >= SLO rate x headroom, TTFT <= SLO / headroom); past that, the fastest pool that
+    meets them. It keeps short requests, which meet the SLO anywhere, from filling the
+    speculative pool that long contexts need under load (`cluster simulate`, docs/routing.md).
+    None: always the fastest pool that meets the SLOs."""
+
     max_stats_age_s: float = Field(default=10, gt=0)
     """Pool load older than this is stale: rule v1 decides instead of the model."""
 

@@ -42,7 +42,7 @@ class RoutingConfig(Strict):
 
     long_context_tokens: int = Field(default=1024, ge=1)
     """Rule v1: prompts with at least this many tokens are candidates for the speculative
-    pool."""
+    pool. Also the request kind that `slo_headroom` keeps on its pool."""
 
     spec_max_concurrency_per_replica: float = Field(default=4, gt=0)
     """Rule v1: the speculative pool takes long prompts while its in-flight requests per

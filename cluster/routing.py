@@ -169,7 +169,7 @@ def _rule(
     config: RoutingConfig,
     why: Reason | None,
 ) -> Decision:
-    if request.prompt_tokens < config.long_context_tokens:
+    if _kind(request, config) == THROUGHPUT:
         pool, reason = thr, Reason.SHORT_PROMPT
     elif loads[spec].in_flight_per_replica < config.spec_max_concurrency_per_replica:
         pool, reason = spec, Reason.LONG_CONTEXT
@@ -178,11 +178,16 @@ def _rule(
     return Decision(pool, loads[pool].role, why or reason)
 
 
+def _kind(request: RequestFeatures, config: RoutingConfig) -> str:
+    """The role a request belongs to by its prompt length (rule v1's preference)."""
+    return SPECULATIVE if request.prompt_tokens >= config.long_context_tokens else THROUGHPUT
+
+
 def _home_pool(
     request: RequestFeatures, loads: dict[str, PoolLoad], config: RoutingConfig
 ) -> str | None:
-    """The pool of the request's kind: rule v1's by prompt length, whatever the load."""
-    role = SPECULATIVE if request.prompt_tokens >= config.long_context_tokens else THROUGHPUT
+    """The pool of the request's kind, whatever the load."""
+    role = _kind(request, config)
     return next((name for name, load in loads.items() if load.role == role), None)
 
 

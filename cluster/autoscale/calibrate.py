@@ -113,11 +113,12 @@ def _run_and_pools(
 ) -> tuple[Path, set[str]]:
     """`RUN` (every pool) or `RUN=POOL,...` of `--from-run`."""
     path, _, names = item.partition("=")
-    pools = set(names.split(",")) if names else set(pool_of_config.values())
-    if unknown := sorted(pools - set(pool_of_config.values())):
+    known = set(pool_of_config.values())
+    pools = set(names.split(",")) if names else known
+    if unknown := sorted(pools - known):
         raise ConfigError(
             f"{config_path}: --from-run {item}: no pool {unknown[0]!r} to calibrate "
-            f"(pools: {', '.join(sorted(set(pool_of_config.values())))})"
+            f"(pools: {', '.join(sorted(known))})"
         )
     return Path(path), pools
 

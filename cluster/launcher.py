@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
@@ -48,6 +49,23 @@ benchmark run and e2e test paid those 30 s per server. In-flight requests are st
 
 class ServerStartError(RuntimeError):
     """A server exited or timed out before it was ready; the message ends with its log."""
+
+
+def await_ready(
+    server: Any, name: str, ready: Callable[[], bool], started: float, timeout_s: float
+) -> float:
+    """Seconds from `started` until `ready()`. A server that exits or times out first raises
+    `ServerStartError` with its log's tail; on that or an interrupt, `server.__exit__()` runs
+    first, so neither its processes nor its files outlive the failed start."""
+    try:
+        while not ready():
+            if server.process.poll() is not None or time.monotonic() - started > timeout_s:
+                raise ServerStartError(f"{name} did not start:\n{server.log()[-4000:]}")
+            time.sleep(1)
+    except BaseException:
+        server.__exit__()
+        raise
+    return time.monotonic() - started
 
 
 class ServeProcess:
@@ -93,12 +111,9 @@ class ServeProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        while READY_MARKER not in self.log():
-            if self.process.poll() is not None or time.monotonic() - started > self.start_timeout_s:
-                self.stop()
-                raise ServerStartError(f"cluster serve did not start:\n{self.log()[-4000:]}")
-            time.sleep(1)
-        self.ready_s = time.monotonic() - started
+        self.ready_s = await_ready(
+            self, "cluster serve", lambda: READY_MARKER in self.log(), started, self.start_timeout_s
+        )
         return self
 
     def stop(self, timeout_s: float = 120) -> int | str:
@@ -246,12 +261,7 @@ class ChildServer:
     def __enter__(self) -> Self:
         started = time.monotonic()
         self.process = self._popen()
-        while not self._ready():
-            if self.process.poll() is not None or time.monotonic() - started > self.start_timeout_s:
-                self.stop()
-                raise ServerStartError(f"{self.name} did not start:\n{self.log()[-4000:]}")
-            time.sleep(1)
-        self.ready_s = time.monotonic() - started
+        self.ready_s = await_ready(self, self.name, self._ready, started, self.start_timeout_s)
         return self
 
     def stop(self, timeout_s: float = 60) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from cluster.bench.servers import Frozen
-from cluster.launcher import interrupt_and_wait
+from cluster.launcher import ChildServer, ServerStartError, interrupt_and_wait
 
 # `cluster serve`'s idle loop; a second thread stands in for Ray's many threads: on "go" it
 # sends SIGINT to itself, as the kernel does when a process-directed signal picks that thread.
@@ -60,3 +63,13 @@ def test_a_frozen_server_is_thawed_then_interrupted():
     frozen.freeze()
     assert interrupt_and_wait(process, 15, group=False) == 0
     assert process.stdout.read().strip() == "interrupted"
+
+
+def test_a_server_that_dies_while_starting_leaves_no_process_or_log():
+    server = ChildServer([sys.executable, "-c", "print('no marker'); raise SystemExit(3)"], {})
+    log = Path(server._log.name)
+    with pytest.raises(ServerStartError, match="server did not start:\nno marker"):
+        with server:
+            pass
+    assert server.process.poll() == 3
+    assert not log.exists()

@@ -14,9 +14,18 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_prepare_is_idempotent_and_atomic(cache):
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One cache for the tests that only read a prepared model (a conversion takes ~25 s)."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("cache")
+        patch.setenv("CLUSTER_CACHE", str(path))
+        yield path
+
+
+def test_prepare_is_idempotent_and_atomic(shared_cache):
     path = models.prepare_embedded("smollm2-135m-instruct", quiet=True)
-    assert path == cache / "models" / "smollm2-135m-instruct"
+    assert path == shared_cache / "models" / "smollm2-135m-instruct"
     assert models.is_prepared(path)
     # No staging directories are left behind.
     assert [p.name for p in path.parent.iterdir() if not p.name.endswith(".lock")] == [path.name]
@@ -30,7 +39,7 @@ def test_prepare_is_idempotent_and_atomic(cache):
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
 
 
-def test_prepared_weights_are_real(cache):
+def test_prepared_weights_are_real(shared_cache):
     import torch
     from safetensors.torch import load_file
 

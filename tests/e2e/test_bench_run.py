@@ -49,11 +49,13 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
     before = _our_processes()
     run = subprocess.run(
         _bench(
-            "--configs", "routed,vllm-serve,throughput-x2", "--workloads", "code-long,mixed",
-            "--contexts", "1024", "--concurrency", "1,2",
+            "--configs", "routed,vllm-serve,throughput-x2", "--workloads", "mixed",
+            "--contexts", "1024", "--concurrency", "2",
             "--repeats", "1", "--warmup", "1", "--output-tokens", "16", "--out", str(tmp_path),
         ),
-        # Three servers start (about 75 s each) and run in turn.
+        # Three servers start (one to two and a half minutes each) and run in turn; one cell
+        # each (about 14 s, mostly the load generator's own start and probe). The cell plan
+        # and the interleaving order are unit-tested (tests/test_bench.py).
         capture_output=True, text=True, timeout=1500, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
@@ -74,10 +76,7 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
     }
     records = result["records"]
     assert sorted((r["repetition"], r["config"], r["cell"]) for r in records) == sorted(
-        (rep, config, cell)
-        for rep in (0, 1)
-        for config in configs
-        for cell in ("code-long-1024@c1", "code-long-1024@c2", "mixed-1024@c1", "mixed-1024@c2")
+        (rep, config, "mixed-1024@c2") for rep in (0, 1) for config in configs
     )
     for record in records:
         assert record["failed"] == 0, record["errors"]
@@ -106,15 +105,18 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
 @pytest.mark.e2e
 def test_ctrl_c_mid_run_stops_every_server_and_the_run_resumes(tmp_path: Path):
     """Ctrl-C (SIGINT to the terminal's whole process group) while a cell is replaying, then
-    `--resume`: the run finishes with every cell measured once."""
+    `--resume`: the run finishes with every cell measured once. Against `vllm-serve`, the
+    server that starts fastest: servers run in sessions of their own, so the interrupt reaches
+    them only through the runner's stop, the same for every kind (the short bench above stops
+    two Ray clusters that way)."""
     before = _our_processes()
     log = tmp_path / "bench.log"
     runs = tmp_path / "runs"
     with log.open("w") as out:
         bench = subprocess.Popen(
             _bench(
-                "--configs", "none", "--contexts", "1024", "--concurrency", "1", "--repeats", "1",
-                "--warmup", "1", "--output-tokens", "96", "--out", str(runs),
+                "--configs", "vllm-serve", "--contexts", "1024", "--concurrency", "1",
+                "--repeats", "1", "--warmup", "1", "--output-tokens", "96", "--out", str(runs),
             ),
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
         )  # fmt: skip
@@ -142,5 +144,8 @@ def test_ctrl_c_mid_run_stops_every_server_and_the_run_resumes(tmp_path: Path):
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
     cells = [(r["repetition"], r["config"], r["cell"]) for r in result["records"]]
-    assert sorted(cells) == [(0, "none", "code-long-1024@c1"), (1, "none", "code-long-1024@c1")]
+    assert sorted(cells) == [
+        (0, "vllm-serve", "code-long-1024@c1"),
+        (1, "vllm-serve", "code-long-1024@c1"),
+    ]
     assert not _left_behind(before)

@@ -25,6 +25,8 @@ class RunningCluster:
     otlp: OTLPReceiver
     serve_logs: Path
     """This cluster's own Serve log directory (`cluster serve` prints it when deploying)."""
+    session_id: int
+    """The session of `cluster serve` (Ray's processes and the engines run in it)."""
 
 
 class SharedCluster:
@@ -50,8 +52,9 @@ class SharedCluster:
             logs = re.search(r"\(logs: (\S+)\)", serve.log())
             assert logs, serve.log()[-2000:]
             self.running = RunningCluster(
-                serve.base_url, config["targets"][0]["id"], otlp, Path(logs.group(1))
-            )
+                serve.base_url, config["targets"][0]["id"], otlp, Path(logs.group(1)),
+                serve.process.pid,
+            )  # fmt: skip
             self._serve, self._stack = serve, stack.pop_all()  # started: kept past this block
         return self.running
 

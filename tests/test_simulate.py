@@ -19,13 +19,14 @@ from cluster.simulate.engine import (
     CONTEXT_BUCKET_TOKENS,
     PoolSetup,
     Simulation,
+    SimulationResult,
     Slo,
     Strategy,
     ray_default_replicas,
 )
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
 from cluster.simulate.strategies import OURS, static_splits, strategies
-from cluster.simulate.sweep import at_budget
+from cluster.simulate.sweep import at_budget, ours_against_static
 from tests.test_ray_policy import context as ray_context
 from tests.test_ray_policy import engine as engine_stats
 from tests.test_ray_policy import replica
@@ -233,6 +234,7 @@ def test_sweep_scales_trace_and_budget_together(tmp_path):
     code = main([
         "simulate", str(KIMI), "--trace", str(trace_spec), "--hardware", str(KIMI_SCALE),
         "--budget", "2", "--sweep", "2,4", "--warmup-s", "120", "--replica-start-s", "60",
+        "--seeds", "2",
         "--out", str(tmp_path / "out"), "--summary", str(summary),
     ])  # fmt: skip
     assert code == 0
@@ -241,9 +243,58 @@ def test_sweep_scales_trace_and_budget_together(tmp_path):
     assert 1.6 < rows[1]["requests"] / rows[0]["requests"] < 2.4
     for row in rows:
         assert row["ray_default_split"] in row["strategies"]
+        assert [t["seed"] for t in row["traces"]] == [7, 8]
         assert row["gpu_hours_ratio"] == pytest.approx(
             row["gpu_hours_ours"] / row["gpu_hours_ray_default"], abs=1e-3
         )
     assert (tmp_path / "out" / "sweep.png").stat().st_size > 10_000
     block = json.loads(summary.read_text())["simulation_sweep"]
     assert [b["gpus"] for b in block] == [16, 32]
+
+
+def _result(strategy: str, gpu_hours: float, slo_attainment: float) -> SimulationResult:
+    return SimulationResult(strategy, 100, 100, 0, gpu_hours, slo_attainment, {}, {}, {}, [])
+
+
+def test_the_static_split_is_the_one_best_over_every_trace():
+    # Split 2 is best on the first trace, split 1 on the second and on average: an operator
+    # fixes one split for every day, so ours is compared with split 1 on both.
+    first = [_result(OURS, 90, 0.90), _result("ray_default_static_1", 100, 0.88),
+             _result("ray_default_static_2", 95, 0.89)]  # fmt: skip
+    second = [_result(OURS, 110, 0.90), _result("ray_default_static_1", 100, 0.95),
+              _result("ray_default_static_2", 95, 0.80)]  # fmt: skip
+    comparison = ours_against_static([first, second], [7, 8])
+    assert comparison["ray_default_split"] == "ray_default_static_1"
+    assert [t["best_split_of_this_trace"] for t in comparison["traces"]] == [
+        "ray_default_static_2", "ray_default_static_1"
+    ]  # fmt: skip
+    assert [t["gpu_hours_ratio"] for t in comparison["traces"]] == [0.9, 1.1]
+    assert (comparison["gpu_hours_ratio_min"], comparison["gpu_hours_ratio_max"]) == (0.9, 1.1)
+    assert comparison["gpu_hours_ratio"] == 1.0
+    assert comparison["slo_attainment_ray_default"] == pytest.approx(0.915)
+    assert comparison["traces_won"] == 1  # fewer GPU-hours at no lower attainment: the first
+
+
+def test_cli_compares_over_several_traces_of_the_spec(tmp_path):
+    trace_spec = tmp_path / "trace.yaml"
+    trace_spec.write_text(
+        json.dumps(spec(duration_s=1200, peak_rate_per_s=6, trough_rate_per_s=1).model_dump())
+    )
+    args = [
+        "simulate", str(KIMI), "--trace", str(trace_spec), "--hardware", str(KIMI_SCALE),
+        "--budget", "3", "--warmup-s", "300", "--replica-start-s", "60",
+        "--out", str(tmp_path / "out"), "--summary", str(tmp_path / "summary.json"),
+    ]  # fmt: skip
+    assert main([*args, "--seeds", "2"]) == 0
+    over = json.loads((tmp_path / "out" / "result.json").read_text())["over_traces"]
+    assert [t["seed"] for t in over["traces"]] == [7, 8]
+    assert over["traces"][1]["requests"] != over["traces"][0]["requests"]  # another day
+    block = json.loads((tmp_path / "summary.json").read_text())["simulation"]
+    assert block["gpu_hours_ours"] == pytest.approx(
+        (over["traces"][0]["gpu_hours_ours"] + over["traces"][1]["gpu_hours_ours"]) / 2, abs=1e-3
+    )
+    assert block["gpu_hours_ratio_min"] <= block["gpu_hours_ratio"] <= block["gpu_hours_ratio_max"]
+    jsonl = tmp_path / "trace.jsonl"
+    trace.write(trace.load(trace_spec), jsonl)
+    args[args.index(str(trace_spec))] = str(jsonl)
+    assert main([*args, "--seeds", "2"]) == 2  # a JSONL trace has no seed to vary

@@ -17,11 +17,12 @@ from typing import Any
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.profile import CalibrationProfile
 from cluster.bench.runner import write_atomically
-from cluster.config import ClusterConfig, load_config
+from cluster.config import ClusterConfig, ConfigError, load_config
 from cluster.simulate import trace as traces
-from cluster.simulate.engine import Simulation, SimulationResult, Slo
+from cluster.simulate.engine import SimulationResult, Slo
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
-from cluster.simulate.strategies import OURS, best_static, strategies
+from cluster.simulate.strategies import OURS
+from cluster.simulate.sweep import compare, ours_against_static, seeded
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO / "benchmarks" / "traces" / "kimi-diurnal-mix.yaml"
@@ -156,14 +157,28 @@ def run(args: argparse.Namespace) -> int:
         f"{len(requests)} requests over {requests[-1].arrival_s / 3600:.1f} h; budget {budget} "
         f"replicas; SLO: TTFT <= {slo.ttft_s} s, >= {slo.per_user_tok_s} tok/s per user"
     )
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds: {args.seeds}: at least one trace")
+    if args.seeds > 1 and spec is None:
+        raise ConfigError(f"{args.trace}: --seeds draws traces from a spec (.yaml), not JSONL")
     if args.sweep:
         return _run_sweep(args, config, model, spec, slo, budget, out)
-    results: list[SimulationResult] = []
+    days = seeded(spec, args.seeds) if spec is not None else []
     started = time.monotonic()
-    for strategy in tqdm(strategies(config, model, slo, budget), desc="strategies", unit="run"):
-        simulation = Simulation(strategy, model.pools, slo, **_simulation_kwargs(args))
-        results.append(simulation.run(requests))
-    best = best_static(results)
+    runs: list[list[SimulationResult]] = []
+    with tqdm(desc="strategies", unit="run") as bar:
+        for i in range(args.seeds):
+            trace_requests = requests if i == 0 else traces.generate(days[i])
+
+            def progress(name: str, i: int = i) -> None:
+                bar.set_postfix_str(f"trace {i + 1}/{args.seeds}: {name}")
+                bar.update(1)
+
+            kwargs = _simulation_kwargs(args)
+            runs.append(compare(config, model, trace_requests, slo, budget, kwargs, progress))
+    comparison = ours_against_static(runs, [day.seed for day in days] or [0])
+    results = runs[0]
+    best = next(r for r in results if r.strategy == comparison["ray_default_split"])
     ours = next(r for r in results if r.strategy == OURS)
     roles = {p.name: p.role for p in config.pools}
     context = config.routing.long_context_tokens
@@ -185,28 +200,23 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(time.monotonic() - started, 1),
         "strategies": [r.summary() for r in results],
         "best_static": best.strategy,
+        "over_traces": comparison,
         "timelines": {OURS: ours.replicas, best.strategy: best.replicas},
     }
     _write_json(out / "result.json", document)
     (out / "table.md").write_text(table(results, best))
     plot(document["timelines"], spec, out / "replicas.png")
-    simulation = {
-        "gpu_hours_ours": ours.gpu_hours,
-        "gpu_hours_ray_default": best.gpu_hours,
-        "slo_attainment_ours": ours.slo_attainment,
-        "slo_attainment_ray_default": best.slo_attainment,
-    }
     if args.summary:
-        update_summary(
-            Path(args.summary),
-            "simulation",
-            {**simulation, "ray_default_split": best.strategy, "result": str(out / "result.json")},
-        )
+        block = {k: v for k, v in comparison.items() if k != "traces"}
+        update_summary(Path(args.summary), "simulation",
+                       {**block, "result": str(out / "result.json")})  # fmt: skip
     print(table(results, best), end="")
-    ratio = ours.gpu_hours / best.gpu_hours if best.gpu_hours else math.nan
+    c = comparison
     print(
-        f"ours / {best.strategy}: GPU-hours {ratio:.3f}x, SLO attainment "
-        f"{ours.slo_attainment:.3f} vs {best.slo_attainment:.3f}; wrote {out}"
+        f"ours / {best.strategy}, mean over {len(c['traces'])} trace(s): GPU-hours "
+        f"{c['gpu_hours_ratio']:.3f}x (per trace {c['gpu_hours_ratio_min']:.3f}-"
+        f"{c['gpu_hours_ratio_max']:.3f}), SLO attainment {c['slo_attainment_ours']:.3f} vs "
+        f"{c['slo_attainment_ray_default']:.3f}, goal met on {c['traces_won']}; wrote {out}"
     )
     return 0
 
@@ -233,9 +243,8 @@ def _run_sweep(args, config, model, spec, slo, budget: int, out: Path) -> int:
             bar.set_postfix_str(label)
             bar.update(1)
 
-        rows = sweep(
-            config, model, spec, slo, budget, args.sweep, _simulation_kwargs(args), progress
-        )
+        kwargs = _simulation_kwargs(args)
+        rows = sweep(config, model, spec, slo, budget, args.sweep, kwargs, progress, args.seeds)
     document = {
         "config": args.file,
         "trace": args.trace,
@@ -248,7 +257,8 @@ def _run_sweep(args, config, model, spec, slo, budget: int, out: Path) -> int:
     (out / "sweep.md").write_text(sweep_table(rows))
     plot_sweep(rows, out / "sweep.png")
     if args.summary:
-        keep = ("gpus", "gpu_hours_ratio", "slo_attainment_ours", "slo_attainment_ray_default")
+        keep = ("gpus", "gpu_hours_ratio", "gpu_hours_ratio_min", "gpu_hours_ratio_max",
+                "slo_attainment_ours", "slo_attainment_ray_default", "traces_won")  # fmt: skip
         update_summary(Path(args.summary), "simulation_sweep",
                        [{k: row[k] for k in keep} for row in rows])  # fmt: skip
     print(sweep_table(rows), end="")
@@ -316,6 +326,15 @@ def add_command(commands: Any) -> None:
         help="instead of one run: the comparison at each budget (replicas, comma-separated, "
         "e.g. 8,16,32,64), the trace's rates scaled by budget / --budget; writes sweep.json, "
         "sweep.md, sweep.png and the summary's `simulation_sweep` block",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run on N traces of the spec: its own seed and the N-1 that follow (default "
+        "%(default)s). The static split compared is the one best over all of them; ours is "
+        "reported per trace and on average (result.json `over_traces`, the summary block)",
     )
     parser.add_argument(
         "--ttft-slo-s", type=float, help="TTFT objective (default: routing.ttft_slo_s, else 5)"

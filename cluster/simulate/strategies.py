@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from statistics import fmean
+
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import PoolScalingTarget
 from cluster.config import ClusterConfig, PoolConfig
@@ -126,10 +129,22 @@ def strategies(
 
 
 def best_static(results: list[SimulationResult]) -> SimulationResult:
-    """Ray's default with the best static split: highest SLO attainment, then fewest
-    GPU-hours among those within `SLO_TIE` of it."""
-    static = [r for r in results if r.strategy.startswith(STATIC_PREFIX)]
-    if not static:
+    """Ray's default with the best static split on one trace (`best_static_over` that trace)."""
+    name = best_static_over([results])
+    return next(r for r in results if r.strategy == name)
+
+
+def best_static_over(runs: Sequence[Sequence[SimulationResult]]) -> str:
+    """The static split an operator would fix for every day: the highest SLO attainment
+    averaged over `runs` (each every strategy on one trace), then the fewest mean GPU-hours
+    among those within `SLO_TIE` of it."""
+    names = [r.strategy for r in runs[0] if r.strategy.startswith(STATIC_PREFIX)]
+    if not names:
         raise ValueError("no static split to compare with: --budget must be at least 2")
-    top = max(r.slo_attainment for r in static)
-    return min((r for r in static if r.slo_attainment >= top - SLO_TIE), key=lambda r: r.gpu_hours)
+
+    def mean(name: str, field: str) -> float:
+        return fmean(getattr(r, field) for run in runs for r in run if r.strategy == name)
+
+    top = max(mean(name, "slo_attainment") for name in names)
+    tied = [name for name in names if mean(name, "slo_attainment") >= top - SLO_TIE]
+    return min(tied, key=lambda name: mean(name, "gpu_hours"))

@@ -1,8 +1,10 @@
-"""`cluster simulate`: every strategy over one trace, and the numbers that compare them.
+"""`cluster simulate`: every strategy over one trace (or several: `--seeds`), and the numbers
+that compare them.
 
-Writes `<out>/result.json` (assumptions, each strategy's summary, the replica timelines of ours
-and of the best static split), `<out>/table.md`, `<out>/replicas.png`, and the `simulation` block
-of `benchmarks/results/routing_summary.json` (the rest of that file is kept).
+Writes `<out>/result.json` (assumptions, each strategy's summary on the first trace, ours against
+the best static split per trace and on average, the replica timelines of both on the first
+trace), `<out>/table.md`, `<out>/replicas.png`, and the `simulation` block of
+`benchmarks/results/routing_summary.json` (the rest of that file is kept).
 """
 
 from __future__ import annotations
@@ -249,6 +251,7 @@ def _run_sweep(args, config, model, spec, slo, budget: int, out: Path) -> int:
         "config": args.file,
         "trace": args.trace,
         "base_budget_replicas": budget,
+        "seeds": args.seeds,
         "slo": slo.__dict__,
         "settings": _simulation_kwargs(args),
         "rows": rows,
@@ -274,10 +277,15 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
 
     gpus = [row["gpus"] for row in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(gpus, [row["gpu_hours_ratio"] for row in rows], marker="o")
+    ratios = [row["gpu_hours_ratio"] for row in rows]
+    spread = [  # the per-trace range around the ratio of the means
+        [r - row["gpu_hours_ratio_min"] for r, row in zip(ratios, rows, strict=True)],
+        [row["gpu_hours_ratio_max"] - r for r, row in zip(ratios, rows, strict=True)],
+    ]
+    left.errorbar(gpus, ratios, yerr=spread, marker="o", capsize=4)
     left.axhline(1.0, color="grey", lw=0.8)
     left.set(xscale="log", xlabel="GPUs (budget)", ylabel="GPU-hours, ours / best static",
-             title="cost")  # fmt: skip
+             title="cost (bars: range over the traces)")  # fmt: skip
     right.plot(gpus, [row["slo_attainment_ours"] for row in rows], marker="o", label="ours")
     right.plot(gpus, [row["slo_attainment_ray_default"] for row in rows], marker="s",
                label="Ray default, best static split")  # fmt: skip
@@ -285,6 +293,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
     right.legend(fontsize=8)
     for axis in (left, right):
         axis.set_xticks(gpus, [str(g) for g in gpus])
+        axis.minorticks_off()  # the log axis's own labels (2x10^2, ...) overlap the budgets'
         axis.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
             kwargs = _simulation_kwargs(args)
             runs.append(compare(config, model, trace_requests, slo, budget, kwargs, progress))
-    comparison = ours_against_static(runs, [day.seed for day in days] or [0])
+    comparison = ours_against_static(runs, [day.seed for day in days] or [None])  # JSONL: none
     results = runs[0]
     best = next(r for r in results if r.strategy == comparison["ray_default_split"])
     ours = next(r for r in results if r.strategy == OURS)

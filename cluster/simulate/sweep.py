@@ -59,7 +59,9 @@ def compare(
     return results
 
 
-def ours_against_static(runs: Sequence[Sequence[SimulationResult]], seeds: Sequence[int]) -> dict:
+def ours_against_static(
+    runs: Sequence[Sequence[SimulationResult]], seeds: Sequence[int | None]
+) -> dict[str, Any]:
     """Ours against Ray's default with the one static split best over all the traces
     (`best_static_over`; `runs[i]` is every strategy on the trace of `seeds[i]`): the means
     over the traces, the range of the per-trace GPU-hour ratio, the traces where ours met the

@@ -143,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         "render", help="print exactly what will be deployed (per-pool LLMConfig, Serve options)"
     )
     _config_arg(render, required=True)
-    render.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    render.add_argument(
+        "--format", choices=("yaml", "json"), default="yaml", help="output format (default yaml)"
+    )
     render.set_defaults(func=_cmd_render)
 
     render_group = commands.add_parser("render", help="render deployment manifests from a YAML")
@@ -198,16 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
         "push",
         help="upload a checkpoint directory to s3://bucket/prefix with a SHA-256 manifest",
     )
-    push.add_argument("local_dir", metavar="LOCAL_DIR")
-    push.add_argument("uri", metavar="S3_URI")
+    push.add_argument("local_dir", metavar="LOCAL_DIR", help="checkpoint directory to upload")
+    push.add_argument("uri", metavar="S3_URI", help="s3://bucket/prefix to upload to")
     _transfer_args(push)
     push.set_defaults(func=_cmd_push)
     pull = model_commands.add_parser(
         "pull",
         help="download a pushed checkpoint; resumable, hash-verified, installed atomically",
     )
-    pull.add_argument("uri", metavar="S3_URI")
-    pull.add_argument("local_dir", metavar="LOCAL_DIR")
+    pull.add_argument("uri", metavar="S3_URI", help="s3://bucket/prefix a push wrote")
+    pull.add_argument(
+        "local_dir", metavar="LOCAL_DIR", help="directory to install it in (atomically)"
+    )
     _transfer_args(pull)
     pull.set_defaults(func=_cmd_pull)
 

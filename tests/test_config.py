@@ -227,3 +227,21 @@ def test_help_names_each_real_default_once_and_never_none(command, shown, capsys
     text = " ".join(capsys.readouterr().out.split())
     assert shown in text
     assert "(default: None)" not in text and "(default: [])" not in text
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import argparse
+
+    from cluster.cli import build_parser
+
+    def silent(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        found = []
+        for action in parser._actions:  # argparse has no public walk over its subcommands
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += silent(sub, f"{path} {name}")
+            elif not action.help and not isinstance(action, argparse._HelpAction):
+                found.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        return found
+
+    assert silent(build_parser(), "cluster") == []

@@ -281,7 +281,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "speculative-x1=3 --depth throughput-x1=0; a pool whose schedule turned drafting off "
         "at some level still counts as K there)",
     )  # fmt: skip
-    sched.add_argument("--workload", default="code-long-1024")
+    sched.add_argument(
+        "--workload",
+        default="code-long-1024",
+        help="the runs' workload whose per-user rates decide (default %(default)s)",
+    )
     sched.add_argument("--max-batch-size", type=int, default=16, help="the pool's max_num_seqs")
     sched.set_defaults(func=_cmd_schedule)
     points = sub.add_parser(
@@ -290,5 +294,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "benchmarks/results/routing_summary.json",
     )
     points.add_argument("run", help="run directory with `routed` and static configurations")
-    points.add_argument("--summary", default="benchmarks/results/routing_summary.json")
+    points.add_argument(
+        "--summary",
+        default="benchmarks/results/routing_summary.json",
+        help="routing summary whose `points` block is replaced (default %(default)s)",
+    )
     points.set_defaults(func=_cmd_routing_points)

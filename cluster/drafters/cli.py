@@ -157,7 +157,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "(vLLM), then its hidden states are captured (resumable)",
         formatter_class=DefaultsHelpFormatter,
     )
-    data.add_argument("--target", default=EMBEDDED_TARGET)
+    data.add_argument(
+        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
+    )
     data.add_argument("--out", default=str(_default_data_dir("train")), help="training set dir")
     data.add_argument(
         "--val-out", default=str(_default_data_dir("val")), help="validation set dir (eval files)"
@@ -185,7 +187,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "training set next to an existing one)",
     )
     data.add_argument("--batch-size", type=int, default=64, help="prompts per vLLM batch")
-    data.add_argument("--seed", type=int, default=0)
+    data.add_argument(
+        "--seed", type=int, default=0, help="seed of prompt sampling (another seed: other prompts)"
+    )
     data.set_defaults(func=_cmd_data)
 
     train = actions.add_parser(
@@ -193,20 +197,36 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="train a drafter (checkpoints every N steps; rerun to resume)",
         formatter_class=DefaultsHelpFormatter,
     )
-    train.add_argument("--target", default=EMBEDDED_TARGET)
+    train.add_argument(
+        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
+    )
     train.add_argument(
         "--data",
         action="append",
         metavar="DIR",
         help=f"training set (repeatable: all are mixed; default {_default_data_dir('train')})",
     )
-    train.add_argument("--val", default=str(_default_data_dir("val")))
+    train.add_argument(
+        "--val", default=str(_default_data_dir("val")), help="validation set (`data --val-out`)"
+    )
     train.add_argument("--out", required=True, help="run directory (checkpoint, history)")
-    train.add_argument("--variant", choices=("eagle3.1", "eagle3"), default="eagle3.1")
-    train.add_argument("--steps", type=int, default=1000)
+    train.add_argument(
+        "--variant",
+        choices=("eagle3.1", "eagle3"),
+        default="eagle3.1",
+        help="eagle3.1 adds fc_norm and norm_output to the EAGLE 3 layout",
+    )
+    train.add_argument("--steps", type=int, default=1000, help="optimizer steps")
     train.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled")
-    train.add_argument("--tokens-per-step", type=int, default=4096)
-    train.add_argument("--max-sample-tokens", type=int, default=2048)
+    train.add_argument(
+        "--tokens-per-step", type=int, default=4096, help="tokens accumulated per optimizer step"
+    )
+    train.add_argument(
+        "--max-sample-tokens",
+        type=int,
+        default=2048,
+        help="longer samples are cropped to a random window of this many tokens",
+    )
     train.add_argument(
         "--prompt-context-tokens",
         type=int,
@@ -220,13 +240,25 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="loss weight of prompt positions relative to response positions, in (0, 1]: "
         "the fraction of prompt positions each sample trains on",
     )
-    train.add_argument("--draft-vocab-size", type=int, default=8192)
+    train.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=8192,
+        help="tokens the drafter can propose (the most frequent in the training data)",
+    )
     train.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
     train.add_argument("--warmup-steps", type=int, default=40, help="linear warm-up steps")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0, help="seed of initialization, data order")
     train.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    train.add_argument("--checkpoint-every", type=int, default=50)
-    train.add_argument("--val-samples", type=int, default=48)
+    train.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=50,
+        help="steps between checkpoints (and validation)",
+    )
+    train.add_argument(
+        "--val-samples", type=int, default=48, help="held-out samples each validation uses"
+    )
     train.add_argument(
         "--init-from",
         default="",
@@ -240,8 +272,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     export = actions.add_parser(
         "export", help="write a run's checkpoint in vLLM's LlamaForCausalLMEagle3 layout"
     )
-    export.add_argument("run", metavar="RUN_DIR")
-    export.add_argument("--target", default=EMBEDDED_TARGET)
+    export.add_argument("run", metavar="RUN_DIR", help="training run directory (`train --out`)")
+    export.add_argument(
+        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
+    )
     export.add_argument("--out", required=True, help="drafter directory to create")
     export.set_defaults(func=_cmd_export)
 
@@ -250,7 +284,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="acceptance length and single-stream tok/s per context bucket: no speculation, "
         "n-gram and each drafter side by side (JSON + PNG)",
     )
-    evaluate.add_argument("--target", default=EMBEDDED_TARGET)
+    evaluate.add_argument(
+        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
+    )
     evaluate.add_argument(
         "--drafter", action="append", default=[], metavar="NAME=PATH", help="repeatable"
     )
@@ -284,6 +320,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also write each drafter's results to DIR/metrics.json (shipped drafters)",
     )
-    evaluate.add_argument("--out", default="drafter-eval.json")
-    evaluate.add_argument("--plot", default="drafter-eval.png")
+    evaluate.add_argument(
+        "--out", default="drafter-eval.json", help="results JSON (default %(default)s)"
+    )
+    evaluate.add_argument(
+        "--plot", default="drafter-eval.png", help="acceptance and tok/s plot (default %(default)s)"
+    )
     evaluate.set_defaults(func=_cmd_eval)

@@ -166,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         return _run_sweep(args, config, model, spec, slo, budget, out)
     days = seeded(spec, args.seeds) if spec is not None else []
+    kwargs = _simulation_kwargs(args)
     started = time.monotonic()
     runs: list[list[SimulationResult]] = []
     with tqdm(desc="strategies", unit="run") as bar:
@@ -176,7 +177,6 @@ def run(args: argparse.Namespace) -> int:
                 bar.set_postfix_str(f"trace {i + 1}/{args.seeds}: {name}")
                 bar.update(1)
 
-            kwargs = _simulation_kwargs(args)
             runs.append(compare(config, model, trace_requests, slo, budget, kwargs, progress))
     comparison = ours_against_static(runs, [day.seed for day in days] or [None])  # JSONL: none
     results = runs[0]
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             "documented": hardware.documented_lift if hardware else {},
             "context_tokens": context,
         },
-        "settings": _simulation_kwargs(args),
+        "settings": kwargs,
         "seconds": round(time.monotonic() - started, 1),
         "strategies": [r.summary() for r in results],
         "best_static": best.strategy,
@@ -253,7 +253,7 @@ def _run_sweep(args, config, model, spec, slo, budget: int, out: Path) -> int:
         "base_budget_replicas": budget,
         "seeds": args.seeds,
         "slo": slo.__dict__,
-        "settings": _simulation_kwargs(args),
+        "settings": kwargs,
         "rows": rows,
     }
     _write_json(out / "sweep.json", document)

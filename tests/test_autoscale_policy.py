@@ -12,6 +12,7 @@ from cluster.autoscale.budget import (
     fit_to_budget,
     mean_rate,
     offered_tokens_per_s,
+    replica_capacity,
     share_budget,
     within_budget,
 )
@@ -223,7 +224,7 @@ def test_within_budget_grows_the_total_with_the_load():
     light, pools = sized(2, 0)
     assert light == {S_: 1, T_: 1}
     heavy, pools = sized(8, 8, replicas=(1, 1))  # growing: no margin needed
-    load = sum(offered_tokens_per_s(pools[n], MODELS[n], SIZED[n]) for n in pools)
+    load = sum(offered_tokens_per_s(pools[n], replica_capacity(MODELS[n], SIZED[n])) for n in pools)
     cap = capacities()
     assert sum(heavy.values()) > 2
     assert heavy[S_] * cap[S_] + heavy[T_] * cap[T_] >= load
@@ -239,7 +240,7 @@ def test_within_budget_shrinks_only_with_spare_capacity():
     two = cap[S_] + cap[T_]
     for running in range(1, 200):
         pools = {S_: busy(1, running), T_: busy(0, 0)}
-        load = offered_tokens_per_s(pools[S_], MODELS[S_], SIZED[S_])
+        load = offered_tokens_per_s(pools[S_], replica_capacity(MODELS[S_], SIZED[S_]))
         if two / 1.2 < load <= two:
             break
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from cluster.autoscale.model import PoolModel
 from cluster.autoscale.policy import PoolScalingState, PoolScalingTarget, apply_cooldowns
@@ -119,21 +120,31 @@ MAX_SEARCHED_BATCH = 1024
 """`capacity_at` without a `max_batch`: the largest batch it tries."""
 
 
-def rate_at_capacity(model: PoolModel, target: PoolScalingTarget) -> float:
-    """Per-user rate of a replica running `capacity_at` requests (the target rate when it
-    cannot run even one at it)."""
+class ReplicaCapacity(NamedTuple):
+    """What one replica of a pool is sized to hold at its target rate."""
+
+    requests: int
+    """`capacity_at` the target rate."""
+    rate: float
+    """Per-user rate of a replica running `requests` (the target rate when it cannot run even
+    one at it)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.requests * self.rate
+
+
+def replica_capacity(model: PoolModel, target: PoolScalingTarget) -> ReplicaCapacity:
     rate = target.target_rate or 0.0
     fits = capacity_at(model, target, rate)
-    return model.per_user_rate(fits, target.context_tokens) if fits else rate
+    return ReplicaCapacity(fits, model.per_user_rate(fits, target.context_tokens) if fits else rate)
 
 
-def offered_tokens_per_s(
-    state: PoolScalingState, model: PoolModel, target: PoolScalingTarget
-) -> float:
+def offered_tokens_per_s(state: PoolScalingState, capacity: ReplicaCapacity) -> float:
     """Output tokens/s the pool's requests need: each at the rate of a replica packed to its
-    capacity at the target rate. Not the rate they get now: that grows with the replicas the
-    pool already has, and the pool would never shrink."""
-    return state.sizing_demand * rate_at_capacity(model, target)
+    `capacity`. Not the rate they get now: that grows with the replicas the pool already has,
+    and the pool would never shrink."""
+    return state.sizing_demand * capacity.rate
 
 
 def _grow_into_free_budget(
@@ -183,9 +194,9 @@ def within_budget(
                 for n in names}  # fmt: skip
     if len(names) == 2 and rated and any(state.sizing_demand for state in pools.values()):
         fitted = {n: models[n] for n in names}
-        capacity = {n: capacity_at(fitted[n], targets[n], targets[n].target_rate)
-                    * rate_at_capacity(fitted[n], targets[n]) for n in names}  # fmt: skip
-        load = sum(offered_tokens_per_s(pools[n], fitted[n], targets[n]) for n in names)
+        held = {n: replica_capacity(fitted[n], targets[n]) for n in names}
+        capacity = {n: held[n].tokens_per_s for n in names}
+        load = sum(offered_tokens_per_s(pools[n], held[n]) for n in names)
         current = sum(state.replicas for state in pools.values())
         first, second = names
         budget = min(budget, sum(targets[n].max_replicas for n in names))

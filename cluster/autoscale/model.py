@@ -154,32 +154,30 @@ class PoolModel:
         """Depth in effect at `batch`, capped at what calibration measured acceptance for."""
         return min(self.speculation.depth_at(batch), len(self.acceptance_per_position))
 
-    def tokens_per_step(self, batch: int) -> float:
-        """Expected tokens a request gains per step (mean acceptance length) at `batch`."""
-        accepted = self.acceptance_per_position[: self.depth_at(batch)]
+    def tokens_per_step(self, batch: int, depth: int | None = None) -> float:
+        """Expected tokens a request gains per step (mean acceptance length) at `batch` (at
+        `depth`, when the caller has it: `depth_at(batch)`)."""
+        accepted = self.acceptance_per_position[: self.depth_at(batch) if depth is None else depth]
         return 1 + sum(min(1.0, a * self.acceptance_scale) for a in accepted)
-
-    def step_time_s(
-        self, batch: int, context_tokens: int, output_tokens: float | None = None
-    ) -> float:
-        batch = max(batch, 1)
-        features = _step_features(
-            batch,
-            context_tokens,
-            self.depth_at(batch),
-            self.tokens_per_step(batch),
-            output_tokens or self.typical_output_tokens,
-        )
-        step = sum(c * f for c, f in zip(self.step_coefficients, features, strict=True))
-        return max(step, 1e-6) * self.step_time_scale
 
     def per_user_rate(
         self, batch: int, context_tokens: int, output_tokens: float | None = None
     ) -> float:
         """Predicted decode tokens/s one request sees with `batch` requests in flight on its
-        replica (itself included), each with `context_tokens` of context."""
-        step = self.step_time_s(batch, context_tokens, output_tokens)
-        return self.tokens_per_step(max(batch, 1)) / step
+        replica (itself included), each with `context_tokens` of context: tokens per step over
+        the step time."""
+        batch = max(batch, 1)
+        depth = self.depth_at(batch)  # the simulator's hot path: depth and tokens once
+        tokens_per_step = self.tokens_per_step(batch, depth)
+        features = _step_features(
+            batch,
+            context_tokens,
+            depth,
+            tokens_per_step,
+            output_tokens or self.typical_output_tokens,
+        )
+        step = sum(c * f for c, f in zip(self.step_coefficients, features, strict=True))
+        return tokens_per_step / (max(step, 1e-6) * self.step_time_scale)
 
     def ttft_s(self, batch: int, context_tokens: int) -> float:
         """Predicted time to first token with `batch` requests in flight (itself included)."""

@@ -21,6 +21,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from cluster.config import TelemetryConfig
+from cluster.slo import Outcome, Slo
 
 TRACER_NAME = "cluster.ingress"
 _propagator = TraceContextTextMapPropagator()
@@ -60,6 +61,7 @@ class RequestTrace:
         self._pool_call: Span | None = None
         self._started = time.monotonic()
         self._first_token_at: float | None = None
+        self._finished_at: float | None = None
         self.output_tokens = 0
         self.finished = False
 
@@ -108,13 +110,37 @@ class RequestTrace:
             ):
                 self.output_tokens += 1
 
-    def finish(self, error: BaseException | str | None = None) -> None:
+    @property
+    def ttft_s(self) -> float | None:
+        """From the request's arrival to its first output (None: no output yet)."""
+        if self._first_token_at is None:
+            return None
+        return self._first_token_at - self._started
+
+    @property
+    def decode_s(self) -> float | None:
+        """From the first output to the end (None: not finished or no output)."""
+        if self._first_token_at is None or self._finished_at is None:
+            return None
+        return self._finished_at - self._first_token_at
+
+    def finish(
+        self, error: BaseException | str | None = None, slo: Slo | None = None
+    ) -> Outcome | None:
+        """End the spans; with `slo` (a streamed request that ended without error), how it
+        fared against it (also the `cluster.slo` attribute). None: not counted, or finished
+        already."""
         if self.finished:
-            return
+            return None
         self.finished = True
-        attributes: dict[str, float | int] = {"cluster.output_tokens": self.output_tokens}
-        if self._first_token_at is not None:
-            attributes["cluster.ttft_ms"] = (self._first_token_at - self._started) * 1000
+        self._finished_at = time.monotonic()
+        attributes: dict[str, float | int | str] = {"cluster.output_tokens": self.output_tokens}
+        outcome = None
+        if self.ttft_s is not None:
+            attributes["cluster.ttft_ms"] = self.ttft_s * 1000
+            if slo is not None and error is None:
+                outcome = slo.outcome(self.ttft_s, self.output_tokens, self.decode_s or 0.0)
+                attributes["cluster.slo"] = outcome.value
         for span in (self._pool_call, self.root):
             if span is None:
                 continue
@@ -124,3 +150,4 @@ class RequestTrace:
                 if isinstance(error, BaseException):
                     span.record_exception(error)
             span.end()
+        return outcome

@@ -77,6 +77,7 @@ def test_project_dashboard_covers_the_issue_metrics():
         "ray_vllm_admission_rejections_total",  # rejections per pool
         "ray_vllm_time_to_first_token_seconds_bucket",  # TTFT per pool
         "ray_vllm_request_time_per_output_token_seconds_bucket",  # TPOT per pool
+        "ray_cluster_slo_requests_total",  # SLO attainment per pool
     ):
         assert needed in metrics
 

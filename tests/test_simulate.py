@@ -20,13 +20,13 @@ from cluster.simulate.engine import (
     PoolSetup,
     Simulation,
     SimulationResult,
-    Slo,
     Strategy,
     ray_default_replicas,
 )
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
 from cluster.simulate.strategies import OURS, static_splits, strategies
 from cluster.simulate.sweep import at_budget, ours_against_static
+from cluster.slo import Slo
 from tests.test_ray_policy import context as ray_context
 from tests.test_ray_policy import engine as engine_stats
 from tests.test_ray_policy import replica

@@ -36,6 +36,7 @@ from cluster.request.auth import ADMIN, INFERENCE, KeyStore
 from cluster.request.dispatch import PoolClient, PoolRef
 from cluster.request.errors import ApiError
 from cluster.routing import PoolLoad, RequestFeatures, choose_pool
+from cluster.slo import Outcome, Slo
 from cluster.telemetry import TRACER_NAME, RequestTrace, make_tracer_provider
 
 logger = logging.getLogger("ray.serve")
@@ -160,6 +161,15 @@ def ingress_class(server: ServerConfig) -> type:
                 description="Retries on another attempt before the first token, by failed pool.",
                 tag_keys=("pool",),
             )
+            # Streamed requests against the config's objectives, as the client saw them.
+            self._slo = Slo.from_routing(routing)
+            self._slo_outcomes: dict[str, Counter] = {name: Counter() for name in self._pools.pools}
+            self._slo_requests = metrics.Counter(
+                "cluster_slo_requests",
+                description="Streamed requests by target, pool and outcome against the SLO "
+                "(met, ttft, tpot: the first objective missed).",
+                tag_keys=("target", "pool", "outcome"),
+            )
 
         # -- the OpenAI API --------------------------------------------------------------------
 
@@ -223,11 +233,22 @@ def ingress_class(server: ServerConfig) -> type:
                 return JSONResponse(started.first.model_dump(), headers=headers)
             return StreamingResponse(
                 streaming.sse_body(
-                    started, self._server.retry_after_s, trace.observe_sse, trace.finish
+                    started,
+                    self._server.retry_after_s,
+                    trace.observe_sse,
+                    lambda error: self._finished(trace, target.id, started.pool, error),
                 ),
                 media_type="text/event-stream",
                 headers=headers,
             )
+
+        def _finished(self, trace: RequestTrace, target: str, pool: str, error) -> None:
+            """End a streamed request's trace and count it against the SLO, if one is set."""
+            outcome: Outcome | None = trace.finish(error, self._slo)
+            if outcome is not None:
+                self._slo_outcomes[pool][outcome.value] += 1
+                self._slo_requests.inc(tags={"target": target, "pool": pool,
+                                             "outcome": outcome.value})  # fmt: skip
 
         def _other_pool(self, pool: str) -> str | None:
             ref = self._pools.pools[pool]
@@ -367,7 +388,8 @@ def ingress_class(server: ServerConfig) -> type:
         @app.get("/cluster/pools")
         async def pools(self, request: Request) -> JSONResponse:
             """Operators and benchmarks (admin): per pool, its load, the requests this ingress
-            replica routed to it, and one replica's engine signals (cumulative counters)."""
+            replica routed to it, one replica's engine signals (cumulative counters) and, with
+            an SLO set, this ingress replica's streamed requests by outcome."""
             try:
                 self._keys.authorize(request.headers.get("authorization"), ADMIN)
             except ApiError as error:
@@ -379,6 +401,8 @@ def ingress_class(server: ServerConfig) -> type:
                 name: {
                     "role": self._pools.pools[name].role, **self._pool_state(name),
                     "routed": self._routed[name], "engine": engine,
+                    **({"slo": {o.value: self._slo_outcomes[name][o.value] for o in Outcome}}
+                       if self._slo else {}),
                 }
                 for name, engine in zip(names, engines, strict=True)
             })  # fmt: skip

@@ -21,10 +21,11 @@ from cluster.autoscale.profile import CalibrationProfile
 from cluster.bench.runner import write_atomically
 from cluster.config import ClusterConfig, ConfigError, load_config
 from cluster.simulate import trace as traces
-from cluster.simulate.engine import SimulationResult, Slo
+from cluster.simulate.engine import SimulationResult
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
 from cluster.simulate.strategies import OURS
 from cluster.simulate.sweep import compare, ours_against_static, seeded
+from cluster.slo import Slo
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO / "benchmarks" / "traces" / "kimi-diurnal-mix.yaml"

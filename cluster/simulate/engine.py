@@ -40,6 +40,7 @@ from cluster.autoscale.policy import (
 from cluster.config import RoutingConfig
 from cluster.routing import Decision, PoolLoad, RequestFeatures, choose_pool
 from cluster.simulate.trace import TraceRequest
+from cluster.slo import Outcome, Slo
 
 CONTEXT_BUCKET_TOKENS = 256
 """Rates are computed once per (batch, mean context rounded to this) and reused."""
@@ -78,12 +79,6 @@ class Strategy:
     budget: int | None = None
     """Most replicas of the pools together (`within_budget`)."""
     description: str = ""
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_s: float
-    per_user_tok_s: float
 
 
 @dataclass
@@ -421,7 +416,7 @@ class Simulation:
             rate = request.trace.output_tokens / decode_s if decode_s > 0 else math.inf
             rates.append(rate)
             ttfts.append(ttft)
-            met += ttft <= self.slo.ttft_s and rate >= self.slo.per_user_tok_s
+            met += self.slo.outcome(ttft, request.trace.output_tokens, decode_s) is Outcome.MET
         return SimulationResult(
             strategy=self.strategy.name,
             description=self.strategy.description,

@@ -66,6 +66,27 @@ def test_chat_streaming(client, cluster):
     assert text.strip()
 
 
+def test_streamed_requests_count_against_the_slo_of_the_pool_that_answered(client, cluster):
+    def slo_counts() -> dict[str, dict[str, int]]:
+        pools = requests.get(f"{cluster.base_url}/cluster/pools", timeout=30).json()
+        return {name: pool["slo"] for name, pool in pools.items()}
+
+    before = slo_counts()
+    raw = client.chat.completions.with_raw_response.create(
+        model=cluster.model, messages=SHORT, max_tokens=8, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+    pool = raw.headers["x-cluster-pool"]
+    expected = {**before, pool: {**before[pool], "met": before[pool]["met"] + 1}}
+    deadline = time.monotonic() + 10  # counted as the stream closes
+    while (after := slo_counts()) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert after == expected
+    # Not streamed: no first-token time to hold against the SLO, so not counted.
+    client.chat.completions.create(model=cluster.model, messages=SHORT, max_tokens=4)
+    assert slo_counts() == expected
+
+
 def test_completions_non_streaming_and_streaming(client, cluster):
     done = client.completions.create(model=cluster.model, prompt="def add(a, b):", max_tokens=12)
     assert done.choices[0].text and done.usage.completion_tokens > 0

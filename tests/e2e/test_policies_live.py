@@ -22,8 +22,9 @@ from cluster.autoscale.ray_policy import DECISION_LOG_PREFIX
 from cluster.config import load_config
 from cluster.deployments.replica_router import ROUTER_LOG_PREFIX
 from cluster.simulate import trace
-from cluster.simulate.engine import Simulation, Slo
+from cluster.simulate.engine import Simulation
 from cluster.simulate.strategies import OURS, strategies
+from cluster.slo import Slo
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -150,10 +150,11 @@ def run(args: argparse.Namespace) -> int:
     budget = args.budget or config.targets[0].replica_budget
     if budget is None:
         budget = sum(p.autoscaling.max_replicas for p in config.pools)
-    slo_rate = args.min_tok_s or (
-        1 / config.routing.tpot_slo_s if config.routing.tpot_slo_s else 20.0
+    configured = Slo.from_routing(config.routing) or Slo()
+    slo = Slo(
+        ttft_s=args.ttft_slo_s or configured.ttft_s or 5.0,
+        per_user_tok_s=args.min_tok_s or configured.per_user_tok_s or 20.0,
     )
-    slo = Slo(ttft_s=args.ttft_slo_s or config.routing.ttft_slo_s or 5.0, per_user_tok_s=slo_rate)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(

@@ -134,6 +134,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
+    )
+
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
     from cluster.drafters.data import DataRecipe
 
@@ -157,9 +163,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "(vLLM), then its hidden states are captured (resumable)",
         formatter_class=DefaultsHelpFormatter,
     )
-    data.add_argument(
-        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
-    )
+    _add_target(data)
     data.add_argument("--out", default=str(_default_data_dir("train")), help="training set dir")
     data.add_argument(
         "--val-out", default=str(_default_data_dir("val")), help="validation set dir (eval files)"
@@ -197,9 +201,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="train a drafter (checkpoints every N steps; rerun to resume)",
         formatter_class=DefaultsHelpFormatter,
     )
-    train.add_argument(
-        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
-    )
+    _add_target(train)
     train.add_argument(
         "--data",
         action="append",
@@ -273,9 +275,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "export", help="write a run's checkpoint in vLLM's LlamaForCausalLMEagle3 layout"
     )
     export.add_argument("run", metavar="RUN_DIR", help="training run directory (`train --out`)")
-    export.add_argument(
-        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
-    )
+    _add_target(export)
     export.add_argument("--out", required=True, help="drafter directory to create")
     export.set_defaults(func=_cmd_export)
 
@@ -284,9 +284,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="acceptance length and single-stream tok/s per context bucket: no speculation, "
         "n-gram and each drafter side by side (JSON + PNG)",
     )
-    evaluate.add_argument(
-        "--target", default=EMBEDDED_TARGET, help=f"target checkpoint dir or {EMBEDDED_TARGET}"
-    )
+    _add_target(evaluate)
     evaluate.add_argument(
         "--drafter", action="append", default=[], metavar="NAME=PATH", help="repeatable"
     )

@@ -19,11 +19,11 @@ from cluster.simulate.engine import (
     CONTEXT_BUCKET_TOKENS,
     PoolSetup,
     Simulation,
-    SimulationResult,
     Strategy,
     ray_default_replicas,
 )
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
+from cluster.simulate.result import SimulationResult
 from cluster.simulate.strategies import OURS, static_splits, strategies
 from cluster.simulate.sweep import at_budget, ours_against_static
 from cluster.slo import Slo

@@ -21,8 +21,8 @@ from cluster.autoscale.profile import CalibrationProfile
 from cluster.bench.runner import write_atomically
 from cluster.config import ClusterConfig, ConfigError, load_config
 from cluster.simulate import trace as traces
-from cluster.simulate.engine import SimulationResult
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
+from cluster.simulate.result import SimulationResult
 from cluster.simulate.strategies import OURS
 from cluster.simulate.sweep import compare, ours_against_static, seeded
 from cluster.slo import Slo

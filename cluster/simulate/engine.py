@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,8 +39,9 @@ from cluster.autoscale.policy import (
 )
 from cluster.config import RoutingConfig
 from cluster.routing import Decision, PoolLoad, RequestFeatures, choose_pool
+from cluster.simulate.result import SimulatedRequest, SimulationResult
 from cluster.simulate.trace import TraceRequest
-from cluster.slo import Outcome, Slo
+from cluster.slo import Slo
 
 CONTEXT_BUCKET_TOKENS = 256
 """Rates are computed once per (batch, mean context rounded to this) and reused."""
@@ -82,15 +83,6 @@ class Strategy:
 
 
 @dataclass
-class _Request:
-    trace: TraceRequest
-    pool: str = ""
-    first_token_s: float | None = None
-    finished_s: float | None = None
-    rejected: bool = False
-
-
-@dataclass
 class _Replica:
     ready_s: float
     draining: bool = False
@@ -98,9 +90,9 @@ class _Replica:
     context_sum: int = 0
     progress: float = 0.0
     """Tokens one request of this replica has decoded since it started (shared by all)."""
-    prefilling: list[tuple[float, int, _Request]] = field(default_factory=list)
+    prefilling: list[tuple[float, int, SimulatedRequest]] = field(default_factory=list)
     """Heap of (time of the first token, tie-break, request)."""
-    decoding: list[tuple[float, int, _Request]] = field(default_factory=list)
+    decoding: list[tuple[float, int, SimulatedRequest]] = field(default_factory=list)
     """Heap of (progress at which the request is done, tie-break, request)."""
 
 
@@ -126,29 +118,6 @@ class _Pool:
 
     def release_drained(self) -> None:
         self.replicas = [r for r in self.replicas if not (r.draining and r.active == 0)]
-
-
-@dataclass
-class SimulationResult:
-    strategy: str
-    requests: int
-    completed: int
-    rejected: int
-    gpu_hours: float
-    slo_attainment: float
-    """Share of all requests (rejected ones included) that met both SLOs."""
-    per_user_tok_s: dict[str, float]
-    """p10 / p50 / p90 of completed requests' decode rate (output tokens / decode time)."""
-    ttft_s: dict[str, float]
-    """p50 / p90 / p99 of completed requests."""
-    routed: dict[str, int]
-    replicas: list[dict[str, Any]]
-    """Per control interval: the time and each pool's replicas (running or starting)."""
-    description: str = ""
-
-    def summary(self) -> dict[str, Any]:
-        """Everything but the timeline."""
-        return {k: v for k, v in self.__dict__.items() if k != "replicas"}
 
 
 def ray_default_replicas(ongoing: float, target_ongoing_requests: float) -> float:
@@ -178,16 +147,6 @@ def gated(pool: _Pool, wanted: int, now: float, interval_s: float) -> int:
     return current
 
 
-def _percentiles(values: Sequence[float], points: dict[str, float]) -> dict[str, float]:
-    if not values:
-        return {name: math.nan for name in points}
-    ordered = sorted(values)
-    return {
-        name: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
-        for name, q in points.items()
-    }
-
-
 class Simulation:
     """One strategy over one trace."""
 
@@ -215,7 +174,7 @@ class Simulation:
             pool.replicas = [_Replica(ready_s=0.0) for _ in range(count)]
         self._rates: dict[tuple[str, int, int], float] = {}
         self._tie = itertools.count()
-        self.done: list[_Request] = []
+        self.done: list[SimulatedRequest] = []
         self.timeline: list[dict[str, Any]] = []
         self.gpu_seconds = 0.0
         self.on_decision: Callable[[float, str, int, int], None] | None = None
@@ -249,7 +208,7 @@ class Simulation:
     def _arrive(self, request: TraceRequest, now: float) -> None:
         """Queue the request in its pool; when that queue is full, in the other pool's (the
         ingress spills to the target's other pool before answering 429); else reject it."""
-        sim_request = _Request(request, pool=self.route(request, now))
+        sim_request = SimulatedRequest(request, pool=self.route(request, now))
         chosen = self.pools[sim_request.pool]
         others = [p for p in self.pools.values() if p is not chosen]
         # As the ingress: a free slot in the chosen pool, else one in the other pool, else a
@@ -403,30 +362,12 @@ class Simulation:
                     )
                 busy = busy or bool(pool.queue) or any(r.active for r in pool.replicas)
             now += self.step_s
-        return self._result()
-
-    def _result(self) -> SimulationResult:
-        counted = [r for r in self.done if r.trace.arrival_s >= self.warmup_s]
-        total = len(counted)
-        completed = [r for r in counted if not r.rejected and r.finished_s is not None]
-        rates, ttfts, met = [], [], 0
-        for request in completed:
-            ttft = request.first_token_s - request.trace.arrival_s
-            decode_s = request.finished_s - request.first_token_s
-            rate = request.trace.output_tokens / decode_s if decode_s > 0 else math.inf
-            rates.append(rate)
-            ttfts.append(ttft)
-            met += self.slo.outcome(ttft, request.trace.output_tokens, decode_s) is Outcome.MET
-        return SimulationResult(
-            strategy=self.strategy.name,
-            description=self.strategy.description,
-            requests=total,
-            completed=len(completed),
-            rejected=sum(r.rejected for r in counted),
-            gpu_hours=round(self.gpu_seconds / 3600, 3),
-            slo_attainment=round(met / total, 4) if total else math.nan,
-            per_user_tok_s=_percentiles(rates, {"p10": 0.1, "p50": 0.5, "p90": 0.9}),
-            ttft_s=_percentiles(ttfts, {"p50": 0.5, "p90": 0.9, "p99": 0.99}),
-            routed=dict(Counter(r.pool for r in counted)),
-            replicas=self.timeline,
+        return SimulationResult.of(
+            self.strategy.name,
+            self.strategy.description,
+            self.done,
+            self.gpu_seconds,
+            self.slo,
+            self.timeline,
+            self.warmup_s,
         )

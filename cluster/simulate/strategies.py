@@ -18,7 +18,8 @@ from statistics import fmean
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import PoolScalingTarget
 from cluster.config import ClusterConfig, PoolConfig
-from cluster.simulate.engine import PoolSetup, SimulationResult, Strategy
+from cluster.simulate.engine import PoolSetup, Strategy
+from cluster.simulate.result import SimulationResult
 from cluster.slo import Slo
 
 OURS = "ours"

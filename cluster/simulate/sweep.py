@@ -18,7 +18,8 @@ from typing import Any
 from cluster.autoscale.model import PerformanceModel
 from cluster.config import ClusterConfig
 from cluster.simulate import trace as traces
-from cluster.simulate.engine import Simulation, SimulationResult
+from cluster.simulate.engine import Simulation
+from cluster.simulate.result import SimulationResult
 from cluster.simulate.strategies import OURS, best_static, best_static_over, strategies
 from cluster.slo import Slo
 

@@ -222,6 +222,13 @@ def test_plan_cells_waves_and_seeded_order():
     assert all(sorted(o) == sorted(names) for o in orders)
     assert len({tuple(o) for o in orders}) > 1  # a fresh order per repetition
     assert orders != [replace(plan, seed=1).order(r, names) for r in range(6)]
+    # Balanced: over each len(names) measured repetitions, every configuration runs in every
+    # position once (here the warm-up is repetition 0, then 1-4 and 5-8).
+    for seed in range(20):
+        seeded = replace(plan, seed=seed, repeats=8)
+        for block in (range(1, 5), range(5, 9)):
+            by_position = zip(*(seeded.order(r, names) for r in block), strict=True)
+            assert all(sorted(p) == sorted(names) for p in by_position), seed
 
 
 def test_configurations():

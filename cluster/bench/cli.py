@@ -205,9 +205,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         help="per-user and aggregate rates of several configurations, side by side, repeated",
         description="Start every configuration's server once (idle ones frozen), then run "
         "--repeats repetitions (plus --warmup discarded), each visiting every configuration in "
-        "a fresh seeded order and replaying every cell (held-out stdlib code at each --contexts "
-        "length, closed loop at each --concurrency, --waves x c requests, unique prompt "
-        "prefixes, stopping at the target's end) with vLLM's benchmark client. Writes "
+        "a seeded balanced order (each configuration in every position equally often) and "
+        "replaying every cell (held-out stdlib code at each --contexts length, closed loop at "
+        "each --concurrency, --waves x c requests, unique prompt prefixes, stopping at the "
+        "target's end) with vLLM's benchmark client. Writes "
         "result.json (atomically, after every cell: --resume continues), summary.json with "
         "paired ratios and the ablation, table.md and plots. On 2 cores the default (3 "
         "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 60 minutes. Subcommands "

@@ -164,11 +164,16 @@ class Plan:
         return self.warmup + self.repeats
 
     def order(self, repetition: int, names: list[str]) -> list[str]:
-        """Configurations in the order repetition `repetition` visits them (seeded, fresh per
-        repetition, so no configuration always runs first or right after another)."""
+        """Configurations in the order repetition `repetition` visits them: balanced, so each
+        runs in every position equally often (a seeded shuffle, rotated by one place per
+        measured repetition and shuffled afresh every `len(names)` of them). Independent
+        shuffles put one configuration first in 4 of 5 measured repetitions (seed 0, three
+        configurations); the committed runs show no effect of position (rate over the cell's
+        median by position: 0.99 / 0.99 / 1.01), and this rules one out by design."""
+        block, shift = divmod(repetition - self.warmup, len(names))
         shuffled = list(names)
-        random.Random(f"{self.seed}-order-{repetition}").shuffle(shuffled)
-        return shuffled
+        random.Random(f"{self.seed}-order-{block}").shuffle(shuffled)
+        return shuffled[shift:] + shuffled[:shift]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,12 @@ from cluster.autoscale.policy import (
     fewest_replicas,
 )
 
-PROFILE = Path(__file__).resolve().parent.parent / "configs" / "profiles" / "embedded.yaml"
+PROFILE = (
+    Path(__file__).resolve().parent.parent / "configs" / "profiles"
+    / "embedded-undrafted-throughput.yaml"
+)  # fmt: skip
+"""Measured pools that differ at low batch (only the speculative pool drafts): the policy's
+choices are visible. The preset's own profile has both pools drafting alike while idle."""
 MODELS = PerformanceModel.load(PROFILE).pools
 SPEC, THR = MODELS["speculative"], MODELS["throughput"]
 # 6 tok/s per user at 1k context: the throughput pool holds it up to ~5 requests a replica.

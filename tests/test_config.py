@@ -16,10 +16,13 @@ SHIPPED_DRAFTER = CONFIGS.parent / "drafters" / "smollm2-135m-instruct-eagle3.1"
 
 
 def embedded_data() -> dict:
-    """The embedded preset's data, its routing profile made absolute (tests parse it from
-    elsewhere)."""
+    """The embedded preset's data, its routing profile and drafters made absolute (tests parse
+    it from elsewhere)."""
     data = yaml.safe_load((CONFIGS / "embedded.yaml").read_text())
     data["routing"]["profile"] = str(CONFIGS / data["routing"]["profile"])
+    for pool in data["pools"]:
+        if drafter := pool.get("speculation", {}).get("drafter"):
+            pool["speculation"]["drafter"] = str((CONFIGS / drafter).resolve())
     return data
 
 
@@ -201,7 +204,6 @@ def test_cores_per_replica_reach_each_replica_by_rank():
     from cluster.deployments.pool_server import CORES_PER_REPLICA_ENV, replica_cores
 
     data = embedded_data()
-    data["pools"][0]["speculation"]["drafter"] = str(SHIPPED_DRAFTER)
     engine = data["pools"][1]["engine"]
     del engine["cpu_omp_threads_bind"]
     engine["cpu_cores_per_replica"] = ["0", "1-2"]

@@ -21,14 +21,23 @@ RUNS = [
     for run in ("20261205-115044", "20261205-123741", "20261205-130635")
 ]
 EMBEDDED = {"eagle3.1": "speculative", "none": "throughput"}
-AS_DEPLOYED_RUNS = [
-    ROOT / "benchmarks" / "results" / "calibrate" / run
-    for run in ("20261206-020125", "20261206-023831")
-]
-"""`cluster calibrate configs/embedded.yaml`'s own sweep (each pool alone, as deployed: one core
-each) and the same configurations at c = 2, 8."""
+CALIBRATE = ROOT / "benchmarks" / "results" / "calibrate"
+PRESET_ARGS = [
+    arg
+    for run in ("20261206-164850=speculative", "20261206-073631=throughput",
+                "20261206-192353=throughput", "20261206-192935=throughput")
+    for arg in ("--from-run", str(CALIBRATE / run))
+]  # fmt: skip
+"""The preset's profile: each pool alone, as deployed (one core each) on one machine, and the
+throughput pool at fixed depths (k = 0 at c = 1, 2; k = 3 at c = 4..16) so that depth and batch
+vary apart."""
+AS_DEPLOYED_RUNS = [CALIBRATE / run for run in ("20261206-020125", "20261206-023831")]
+"""`cluster calibrate`'s own sweep of the preset before its throughput pool drafted (each pool
+alone, as deployed), and the same configurations at c = 2, 8; on another machine."""
 AS_DEPLOYED_RUN = AS_DEPLOYED_RUNS[0]
-AS_DEPLOYED_ARGS = [arg for run in AS_DEPLOYED_RUNS for arg in ("--from-run", str(run))]
+UNDRAFTED_PROFILE = ROOT / "configs" / "profiles" / "embedded-undrafted-throughput.yaml"
+"""The profile of those runs: only the speculative pool drafts, so the pools differ at low batch
+(the policy tests' profile)."""
 TWO_CORE_PROFILE = ROOT / "configs" / "profiles" / "embedded-two-core.yaml"
 """Each pool measured as the two-core single-pool engine: the Kimi simulation's base."""
 
@@ -51,8 +60,17 @@ def held_out_errors(profile: CalibrationProfile) -> list[tuple[CalibrationPoint,
 def test_committed_profile_is_what_calibrate_builds_from_the_runs(tmp_path):
     out = tmp_path / "profile.yaml"
     argv = ["calibrate", str(ROOT / "configs" / "embedded.yaml"), "--out", str(out)]
-    assert main(argv + AS_DEPLOYED_ARGS) == 0
+    assert main(argv + PRESET_ARGS) == 0
     assert out.read_text() == PROFILE.read_text()
+
+
+def test_undrafted_profile_points_are_what_calibrate_builds_from_their_runs(tmp_path):
+    out = tmp_path / "profile.yaml"
+    argv = ["calibrate", str(ROOT / "configs" / "embedded.yaml"), "--out", str(out)]
+    assert main(argv + [arg for run in AS_DEPLOYED_RUNS for arg in ("--from-run", str(run))]) == 0
+    undrafted = CalibrationProfile.load(UNDRAFTED_PROFILE)
+    assert CalibrationProfile.load(out).points == undrafted.points
+    assert undrafted.pools["throughput"] == PoolSpeculation()  # as those runs deployed it
 
 
 def test_from_run_takes_only_the_named_pools_of_a_run(tmp_path, capsys):
@@ -103,7 +121,7 @@ def test_calibrate_writes_the_profile_the_config_names_even_before_it_exists(tmp
     data["routing"]["profile"] = "profiles/new.yaml"
     config = tmp_path / "cluster.yaml"
     config.write_text(yaml.safe_dump(data))
-    assert main(["calibrate", str(config), *AS_DEPLOYED_ARGS]) == 0
+    assert main(["calibrate", str(config), *PRESET_ARGS]) == 0
     assert (tmp_path / "profiles" / "new.yaml").read_text() == PROFILE.read_text()
     (tmp_path / "profiles" / "new.yaml").unlink()  # a sweep would deploy the missing profile
     assert main(["calibrate", str(config)]) == 2  # refused before any sweep starts
@@ -118,10 +136,10 @@ def test_calibrate_measures_the_pools_as_deployed_by_default(tmp_path):
     )
     profile = CalibrationProfile.load(out)
     assert profile.configs == {"speculative": "speculative-x1", "throughput": "throughput-x1"}
-    # The throughput pool's config has no `speculation` block at all.
-    assert profile.pools["throughput"] == PoolSpeculation()
-    deployed = load_config(config).pools[0].speculation.num_speculative_tokens_per_batch_size
-    assert profile.pools["speculative"].schedule == [tuple(r) for r in deployed]
+    # Each pool's speculation is the config's, not the one the run measured.
+    for pool in load_config(config).pools:
+        deployed = pool.speculation.num_speculative_tokens_per_batch_size
+        assert profile.pools[pool.name].schedule == [tuple(r) for r in deployed]
     cells = {(p.pool, p.context_tokens // 1000, p.batch) for p in profile.points}
     assert cells == {
         (pool, k, batch)
@@ -137,7 +155,11 @@ def test_calibrate_takes_each_pools_speculation_from_the_config():
     assert profile.pools["speculative"].schedule == [tuple(r) for r in deployed]
 
 
-@pytest.mark.parametrize("profile", [PROFILE, TWO_CORE_PROFILE], ids=["as-deployed", "two-core"])
+@pytest.mark.parametrize(
+    "profile",
+    [PROFILE, UNDRAFTED_PROFILE, TWO_CORE_PROFILE],
+    ids=["as-deployed", "undrafted-throughput", "two-core"],
+)
 def test_held_out_error_on_the_calibration_points(profile):
     """Goal of issue 21: median absolute relative error <= 15% on held-back points."""
     errors = held_out_errors(CalibrationProfile.load(profile))
@@ -153,7 +175,7 @@ def test_held_out_error_on_the_calibration_points(profile):
 
 
 def test_speculation_pays_at_low_batch_and_not_at_high():
-    model = PerformanceModel.load(PROFILE)
+    model = PerformanceModel.load(UNDRAFTED_PROFILE)
     spec, plain = model.pools["speculative"], model.pools["throughput"]
     assert spec.per_user_rate(1, 2048) > 1.2 * plain.per_user_rate(1, 2048)
     assert spec.per_user_rate(16, 1024) <= 1.05 * plain.per_user_rate(16, 1024)
@@ -168,6 +190,17 @@ def test_depth_follows_the_schedule():
     assert [model.depth_at(b) for b in (1, 3, 4, 40)] == [3, 3, 0, 0]
     assert model.tokens_per_step(4) == 1
     assert model.tokens_per_step(1) == pytest.approx(1 + sum(model.acceptance_per_position))
+
+
+def test_both_pools_of_the_preset_draft_while_nearly_idle():
+    """The preset's throughput pool drafts with the speculative pool's drafter up to 3 requests
+    in flight and not from 4, as the speculative pool does (measured on one core: k = 3 gives
+    1.4x k = 0 at one request and costs 5-10% from 4)."""
+    for pool in PerformanceModel.load(PROFILE).pools.values():
+        assert [pool.depth_at(b) for b in (1, 3, 4, 32)] == [3, 3, 0, 0]
+        plain = replace(pool, speculation=PoolSpeculation())
+        assert pool.per_user_rate(1, 1024) > 1.2 * plain.per_user_rate(1, 1024)
+        assert pool.per_user_rate(8, 1024) == pytest.approx(plain.per_user_rate(8, 1024))
 
 
 def _model(**changes) -> PoolModel:

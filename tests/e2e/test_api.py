@@ -22,12 +22,18 @@ pytestmark = pytest.mark.e2e
 SHORT = [{"role": "user", "content": "Name one prime number."}]
 
 
-def predicted_fastest(header: str) -> str:
-    """The pool an `x-cluster-route-reason` like `predicted_faster; a=1.2 b=3.4` rates best."""
+def predicted_rates(header: str) -> dict[str, float]:
+    """Per pool, the rate an `x-cluster-route-reason` like `predicted_faster; a=1.2 b=3.4`
+    predicts."""
     reason, _, rates = header.partition("; ")
     assert reason == "predicted_faster", header
-    parsed = dict(item.split("=") for item in rates.split())
-    return max(parsed, key=lambda pool: float(parsed[pool]))
+    return {pool: float(rate) for pool, rate in (item.split("=") for item in rates.split())}
+
+
+def predicted_fastest(header: str) -> str:
+    """The pool an `x-cluster-route-reason` rates best."""
+    rates = predicted_rates(header)
+    return max(rates, key=rates.__getitem__)
 
 
 def long_code_prompt(chars: int = 8000) -> str:
@@ -96,26 +102,31 @@ def test_completions_non_streaming_and_streaming(client, cluster):
     assert "".join(c.choices[0].text for c in stream).strip()
 
 
-def test_long_prompt_on_an_idle_cluster_goes_to_the_speculative_pool(client, cluster):
+def test_long_prompt_on_an_idle_cluster_goes_to_the_pool_predicted_fastest(client, cluster):
     raw = client.chat.completions.with_raw_response.create(
         model=cluster.model,
         messages=[{"role": "user", "content": long_code_prompt()}],
         max_tokens=32,
     )
     assert raw.parse().usage.prompt_tokens >= 1500
-    assert raw.headers["x-cluster-pool"] == "speculative"
-    assert predicted_fastest(raw.headers["x-cluster-route-reason"]) == "speculative"
+    reason = raw.headers["x-cluster-route-reason"]
+    # Both pools of the preset draft k = 3 while nearly idle, so both are rated and the profile
+    # (each pool's measured acceptance) decides between them.
+    assert set(predicted_rates(reason)) == {"speculative", "throughput"}
+    assert raw.headers["x-cluster-pool"] == predicted_fastest(reason)
 
 
 def test_route_log_answers_by_request_id(client, cluster):
     prefix = f"routes-{time.monotonic_ns()}-"
+    answered_by = []
     for i, content in enumerate([long_code_prompt(), "Name one prime number."]):
-        client.chat.completions.create(
+        raw = client.chat.completions.with_raw_response.create(
             model=cluster.model,
             messages=[{"role": "user", "content": content}],
             max_tokens=2,
             extra_headers={"x-request-id": f"{prefix}{i}"},
         )
+        answered_by.append(raw.headers["x-cluster-pool"])
     routes = requests.get(
         f"{cluster.base_url}/cluster/routes", params={"request_id_prefix": prefix}, timeout=10
     ).json()
@@ -123,7 +134,7 @@ def test_route_log_answers_by_request_id(client, cluster):
         (f"{prefix}0", "predicted_faster"),
         (f"{prefix}1", "predicted_faster"),
     ]
-    assert routes[0]["pool"] == "speculative"
+    assert [r["pool"] for r in routes] == answered_by
     assert routes[0]["prompt_tokens"] >= 1500 and routes[0]["target"] == cluster.model
 
 
@@ -152,29 +163,24 @@ def _pool_stats() -> dict[str, dict[str, float]]:
 ACCEPTANCE_FLOOR = 1.9
 """Mean acceptance length of the shipped EAGLE 3.1 drafter (k=3) on the snippet below, served
 through the speculative pool: measured 2.29 (per position 0.68 / 0.36 / 0.25) on 2026-12-05,
-minus a margin for run-to-run variation. A drafter that is not wired in (or its hidden states
-not captured) lands near 1."""
+minus a margin for run-to-run variation (the throughput pool drafts with the same drafter). A
+drafter that is not wired in (or its hidden states not captured) lands near 1."""
 
 
-def test_speculative_pool_reports_speculation_stats(client, cluster):
+def test_the_pool_that_answered_reports_its_speculation_stats(client, cluster):
     from cluster.speculation import SpecCounters
 
     before = _pool_stats()
-    client.completions.create(
+    raw = client.completions.with_raw_response.create(
         model=cluster.model, prompt=long_code_prompt(), max_tokens=64, temperature=0
     )
-    after = _pool_stats()
-    spec_stats, thr_stats = after["speculative"], after["throughput"]
-    delta = SpecCounters.from_engine_metrics(spec_stats) - SpecCounters.from_engine_metrics(
-        before["speculative"]
-    )
+    pool = raw.headers["x-cluster-pool"]  # either: both draft k = 3 at one request
+    after = _pool_stats()[pool]
+    delta = SpecCounters.from_engine_metrics(after) - SpecCounters.from_engine_metrics(before[pool])
     assert delta.drafts > 0 and delta.draft_tokens == 3 * delta.drafts
     assert delta.mean_acceptance_length >= ACCEPTANCE_FLOOR, delta.summary()
-    assert spec_stats["generation_tokens"] - before["speculative"]["generation_tokens"] >= 64
-    assert "spec_accepted_pos_0" in spec_stats
-    # The throughput pool does not speculate (it may have served nothing yet: at idle the
-    # model routes short prompts to the speculative pool too).
-    assert thr_stats["spec_drafts"] == 0
+    assert after["generation_tokens"] - before[pool]["generation_tokens"] >= 64
+    assert "spec_accepted_pos_0" in after
 
 
 def test_sixteen_concurrent_short_requests_all_succeed(client, cluster):

@@ -44,7 +44,7 @@ def test_serve_calls_the_deployed_policy_and_router(cluster):
         re.escape(DECISION_LOG_PREFIX) + r"pool-(speculative|throughput) replicas=1->1 .*"
         r'"acceptance_scale": [0-9.]+, .*"reporting": 1'
     )
-    # Whichever pool the model routes these short prompts to (at idle: the speculative one).
+    # Whichever pool the model routes these short prompts to.
     router_by_stats = re.compile(
         re.escape(ROUTER_LOG_PREFIX)
         + r"deployment=pool-(speculative|throughput) routed_by_stats=[1-9]"

@@ -176,6 +176,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                       [s["running"].get(pool, 0) for s in samples], where="post",
                       label=f"{pool}: running replicas")  # fmt: skip
     shown = set()  # a decision is logged again while its replica starts: label it once
+    labelled = 0  # alternate label heights: decisions seconds apart would overprint
     for decision in result["decisions"]:
         key = (decision["pool"], decision["before"], decision["after"])
         if decision["before"] != decision["after"] and key not in shown:
@@ -183,10 +184,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
             replicas.annotate(
                 f"{decision['pool']} {decision['before']}->{decision['after']}\n"
                 f"{decision['reason']}", (decision["t"] - start, decision["after"]),
-                fontsize=7, rotation=0, xytext=(3, 6), textcoords="offset points",
+                fontsize=7, rotation=0, xytext=(3, 6 + 20 * (labelled % 2)),
+                textcoords="offset points",
             )  # fmt: skip
+            labelled += 1
             replicas.plot(decision["t"] - start, decision["after"], "kx")
     replicas.set(ylabel="replicas", title="load step: replicas and the policy's decisions (x)")
+    replicas.set_ylim(top=replicas.get_ylim()[1] + 0.4)  # room for the labels above the top
     replicas.legend(fontsize=8)
     replicas.grid(alpha=0.3)
     load.step([p["at"] - start for p in result["phases"]] + [result["ended"] - start],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -24,13 +23,8 @@ from cluster.autoscale.policy import (
     desired_replicas,
     fewest_replicas,
 )
+from tests.test_perf_model import UNDRAFTED_PROFILE as PROFILE  # pools that differ when idle
 
-PROFILE = (
-    Path(__file__).resolve().parent.parent / "configs" / "profiles"
-    / "embedded-undrafted-throughput.yaml"
-)  # fmt: skip
-"""Measured pools that differ at low batch (only the speculative pool drafts): the policy's
-choices are visible. The preset's own profile has both pools drafting alike while idle."""
 MODELS = PerformanceModel.load(PROFILE).pools
 SPEC, THR = MODELS["speculative"], MODELS["throughput"]
 # 6 tok/s per user at 1k context: the throughput pool holds it up to ~5 requests a replica.

@@ -1,20 +1,13 @@
 """Pool choice (pure policy): rule v1, and the model-based choice with its fallbacks."""
 
-from pathlib import Path
-
 import pytest
 
 from cluster.autoscale.model import PerformanceModel, PoolModel
 from cluster.autoscale.profile import PoolSpeculation
 from cluster.config import RoutingConfig
 from cluster.routing import Decision, PoolLoad, Reason, RequestFeatures, choose_pool
+from tests.test_perf_model import UNDRAFTED_PROFILE as PROFILE  # pools that differ when idle
 
-PROFILE = (
-    Path(__file__).resolve().parent.parent / "configs" / "profiles"
-    / "embedded-undrafted-throughput.yaml"
-)  # fmt: skip
-"""Measured pools that differ at low batch (only the speculative pool drafts): the policy's
-choices are visible. The preset's own profile has both pools drafting alike while idle."""
 RULE = RoutingConfig(long_context_tokens=1000, spec_max_concurrency_per_replica=4)
 SPEC, THR = "speculative", "throughput"
 

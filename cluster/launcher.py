@@ -158,6 +158,28 @@ def session_cpu_seconds(session_id: int) -> dict[str, float]:
     return used
 
 
+SETTLE_IDLE_CORES = 0.5
+"""A server is settled when its processes use less than this many cores over a second."""
+SETTLE_TIMEOUT_S = 15.0
+"""Longest wait for a server to settle before a cell (the cell then runs anyway)."""
+
+
+def settle(session_id: int, timeout_s: float = SETTLE_TIMEOUT_S) -> tuple[float, float]:
+    """Wait until a server's processes are near idle, at most `timeout_s`: after a thaw (and
+    after a cell's last stream) Ray's and Serve's loops catch up on timers and reports, and a
+    cell that starts at once shares the cores with them. Returns (seconds waited, cores the
+    server used over the last second)."""
+    start = time.monotonic()
+    before = sum(session_cpu_seconds(session_id).values())
+    while True:
+        time.sleep(1.0)
+        after = sum(session_cpu_seconds(session_id).values())
+        cores, before = after - before, after
+        waited = time.monotonic() - start
+        if cores < SETTLE_IDLE_CORES or waited >= timeout_s:
+            return waited, cores
+
+
 def engine_cores(session_id: int) -> list[list[int]]:
     """The cores each vLLM worker process of a session may run on (the union over its threads,
     which OpenMP binds one core each), sorted: what the engines actually got."""

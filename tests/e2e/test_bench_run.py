@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.bench.runner import SETTLE_IDLE_CORES, SETTLE_TIMEOUT_S
+from cluster.launcher import SETTLE_IDLE_CORES, SETTLE_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -80,6 +80,19 @@ class SpecCounters:
             "per_position_acceptance": self.per_position_acceptance,
         }
 
+    def as_metrics(self) -> dict[str, float]:
+        """Flat numeric form (`spec_*` keys; read back with `from_engine_metrics`)."""
+        metrics = {
+            "spec_drafts": float(self.drafts),
+            "spec_draft_tokens": float(self.draft_tokens),
+            "spec_accepted_tokens": float(self.accepted),
+        }
+        for position, count in enumerate(self.accepted_per_position):
+            metrics[f"spec_accepted_pos_{position}"] = float(count)
+        if self.mean_acceptance_length is not None:
+            metrics["mean_acceptance_length"] = self.mean_acceptance_length
+        return metrics
+
     @classmethod
     def from_vllm_metrics(cls, metrics: Iterable[Any]) -> SpecCounters:
         """From `vllm.LLM.get_metrics()` (Counter objects with `.value`, Vector with
@@ -106,7 +119,8 @@ class SpecCounters:
 
     @classmethod
     def from_engine_metrics(cls, metrics: dict[str, float]) -> SpecCounters:
-        """From a pool's `EngineStats.as_metrics()` (what `/cluster/pools` reports)."""
+        """From `as_metrics()` / a pool replica's `EngineStats.as_metrics()` (what
+        `/cluster/pools` reports per replica)."""
         positions = sorted(
             (int(key.rsplit("_", 1)[1]), int(value))
             for key, value in metrics.items()

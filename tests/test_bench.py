@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from cluster import workloads
 from cluster.bench import metrics, report, stats
 from cluster.bench.plan import Plan, configurations
-from cluster.bench.runner import build_prompts
+from cluster.bench.runner import build_prompts, drafted_between, tokens_by_engine
 from cluster.models import embedded_path
 from cluster.speculation import SpecCounters, derive_schedule, schedule_problem
 
@@ -552,6 +552,26 @@ def test_cpu_of_a_cell_is_split_into_engine_and_serving_path():
     mine = session_cpu_seconds(os.getsid(0))
     assert mine and all(v >= 0 for v in mine.values())
     assert sum(mine.values()) > 0  # this test process has used CPU
+
+
+def test_a_cells_counters_are_each_engines_own_change_summed():
+    # Two replicas of one pool report cumulative counters of their own; a third starts
+    # between the snapshots (no baseline) and one left: neither enters the delta.
+    def engine(drafts, accepted, tokens):
+        return {**SpecCounters(drafts, 3 * drafts, accepted, (accepted,)).as_metrics(),
+                "generation_tokens": float(tokens)}  # fmt: skip
+
+    before = {"a": engine(100, 50, 1000), "b": engine(10, 5, 90), "gone": engine(7, 7, 7)}
+    after = {"a": engine(110, 56, 1040), "b": engine(40, 26, 190), "new": engine(3, 3, 30)}
+    drafted = drafted_between(before, after)
+    assert drafted == SpecCounters(40, 120, 27, (27,))
+    assert drafted.mean_acceptance_length == pytest.approx(1 + 27 / 40)
+    assert tokens_by_engine(before, after) == {"a": 40, "b": 100}
+    # A vLLM server's page has no token counter: no spread to report.
+    assert (
+        tokens_by_engine({"s": SpecCounters().as_metrics()}, {"s": SpecCounters().as_metrics()})
+        == {}
+    )
 
 
 def test_engine_stats_carry_spec_counters_and_read_back():

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 
 from cluster.speculation import SpecCounters
 
+REPLICA_KEY = "replica"
+"""Key of the replica's id beside its `EngineStats.as_metrics()` in `PoolServer.stats()`."""
+
 
 @dataclass
 class EngineStats:
@@ -30,18 +33,10 @@ class EngineStats:
     def as_metrics(self) -> dict[str, float]:
         """Flat numeric form for Serve's `record_autoscaling_stats` / routing stats (read back
         with `SpecCounters.from_engine_metrics`)."""
-        spec = self.speculation
-        metrics = {
+        return {
             "running": float(self.running),
             "waiting": float(self.waiting),
             "kv_cache_usage": float(self.kv_cache_usage),
             "generation_tokens": float(self.generation_tokens),
-            "spec_drafts": float(spec.drafts),
-            "spec_draft_tokens": float(spec.draft_tokens),
-            "spec_accepted_tokens": float(spec.accepted),
+            **self.speculation.as_metrics(),
         }
-        for position, count in enumerate(spec.accepted_per_position):
-            metrics[f"spec_accepted_pos_{position}"] = float(count)
-        if spec.mean_acceptance_length is not None:
-            metrics["mean_acceptance_length"] = spec.mean_acceptance_length
-        return metrics

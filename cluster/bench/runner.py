@@ -32,6 +32,7 @@ from typing import Any
 from tqdm import tqdm
 
 from cluster import workloads
+from cluster.autoscale.signals import REPLICA_KEY
 from cluster.bench import metrics
 from cluster.bench.plan import MIXED_CHAT_SHARE, BenchConfig, Cell, Plan
 from cluster.bench.servers import Frozen, InProcessServer, make_room, start
@@ -100,18 +101,41 @@ def _get(url: str) -> bytes:
         return response.read()
 
 
-def snapshot(config: BenchConfig, base_url: str) -> SpecCounters | None:
-    """Cumulative speculation counters over all pools (None where the server has none)."""
+EngineCounters = dict[str, dict[str, float]]
+"""Cumulative counters by engine: replica id (a vLLM server: its config's name) -> the
+`EngineStats.as_metrics()` keys it reports."""
+
+
+def snapshot(config: BenchConfig, base_url: str) -> EngineCounters | None:
+    """Every engine's cumulative counters (None where the server reports none)."""
     if config.kind == "vllm-serve":
-        return SpecCounters.from_prometheus(_get(f"{base_url}/metrics").decode())
+        text = _get(f"{base_url}/metrics").decode()
+        return {config.name: SpecCounters.from_prometheus(text).as_metrics()}
     if config.kind != "cluster":
         return None
     pools = json.loads(_get(f"{base_url}/cluster/pools"))
+    return {engine[REPLICA_KEY]: engine for pool in pools.values() for engine in pool["engines"]}
+
+
+def drafted_between(before: EngineCounters, after: EngineCounters) -> SpecCounters:
+    """Speculation between two snapshots, summed over the engines in both (one that started
+    or left in between has no baseline and is left out)."""
     total = SpecCounters()
-    for pool in pools.values():
-        if pool["engine"]:
-            total = total + SpecCounters.from_engine_metrics(pool["engine"])
+    for engine in sorted(before.keys() & after.keys()):
+        total = total + (
+            SpecCounters.from_engine_metrics(after[engine])
+            - SpecCounters.from_engine_metrics(before[engine])
+        )
     return total
+
+
+def tokens_by_engine(before: EngineCounters, after: EngineCounters) -> dict[str, int]:
+    """Output tokens each engine produced between two snapshots: how the requests spread."""
+    return {
+        engine: int(after[engine]["generation_tokens"] - before[engine]["generation_tokens"])
+        for engine in sorted(before.keys() & after.keys())
+        if "generation_tokens" in after[engine] and "generation_tokens" in before[engine]
+    }
 
 
 def routed_pools(base_url: str, request_id_prefix: str, requests: int) -> list[str | None]:
@@ -351,7 +375,7 @@ def measure(
 ) -> dict[str, Any]:
     request_id_prefix = f"r{repetition}-{cell.name}-{uuid.uuid4().hex[:8]}-"
     settle_s, idle_cores = settle(server.process.pid)
-    spec_before = snapshot(config, server.base_url)
+    counters_before = snapshot(config, server.base_url)
     cpu_before = session_cpu_seconds(server.process.pid)
     try:
         if isinstance(server, InProcessServer):
@@ -371,7 +395,8 @@ def measure(
     finally:
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt  # whatever the load generator made of it
-    spec_after = snapshot(config, server.base_url)
+    counters_after = snapshot(config, server.base_url)
+    drafted = drafted_between(counters_before, counters_after) if counters_before else None
     cpu = cpu_split(cpu_before, session_cpu_seconds(server.process.pid))
     pools = None
     if config.kind == "cluster":
@@ -390,7 +415,9 @@ def measure(
         # Where the CPU went, per output token: the engine's own, and the serving path's.
         "engine_cpu_ms_per_token": 1000 * cpu["engine"] / tokens,
         "serving_cpu_ms_per_token": 1000 * cpu["serving"] / tokens,
-        "speculation": (spec_after - spec_before).summary() if spec_before else None,
+        "speculation": drafted.summary() if drafted else None,
+        # The output tokens of this cell by engine (a cluster's by replica): the spread.
+        "engine_tokens": tokens_by_engine(counters_before or {}, counters_after or {}),
         "cpu_s": cpu,
         # How long the server took to go quiet before the cell, and what it used then.
         "settle": {"waited_s": settle_s, "cores": idle_cores},

@@ -70,7 +70,8 @@ def operator_endpoints(app: FastAPI) -> type:
         @app.get("/cluster/pools")
         async def pools(self, request: Request) -> JSONResponse:
             """Operators and benchmarks (admin): per pool, its load, the requests this ingress
-            replica routed to it, one replica's engine signals (cumulative counters) and, with
+            replica routed to it, every replica's engine signals (`engines`: cumulative counters
+            and the replica's id, one entry per replica that answered) and, with
             an SLO set, this ingress replica's streamed requests by outcome."""
             try:
                 self._keys.authorize(request.headers.get("authorization"), ADMIN)
@@ -78,15 +79,15 @@ def operator_endpoints(app: FastAPI) -> type:
                 return self._reject(error, {})
             await self._pools.ready(self._app_name, self._routing.pool_status_refresh_s)
             names = list(self._pools.pools)
-            engines = await asyncio.gather(*(self._pools.stats(name) for name in names))
+            per_pool = await asyncio.gather(*(self._pools.stats(name) for name in names))
             return JSONResponse({
                 name: {
                     "role": self._pools.pools[name].role, **self._pool_state(name),
-                    "routed": self._routed[name], "engine": engine,
+                    "routed": self._routed[name], "engines": engines,
                     **({"slo": {o.value: self._slo_outcomes[name][o.value] for o in Outcome}}
                        if self._slo else {}),
                 }
-                for name, engine in zip(names, engines, strict=True)
+                for name, engines in zip(names, per_pool, strict=True)
             })  # fmt: skip
 
         @app.get("/cluster/routes")

@@ -19,7 +19,7 @@ from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 from ray.serve.llm import LLMConfig, LLMServer
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
-from cluster.autoscale.signals import EngineStats
+from cluster.autoscale.signals import REPLICA_KEY, EngineStats
 from cluster.deployments.replica_router import STATS_TIME_KEY
 from cluster.speculation import SpecCounters
 
@@ -186,6 +186,10 @@ class PoolServer(LLMServer):
             logger.exception("record_autoscaling_stats failed; reporting nothing this time")
             return {}
 
-    async def stats(self) -> dict[str, float]:
-        """Handle method for operators and benchmarks: this replica's signals."""
-        return self.engine_stats().as_metrics()
+    async def stats(self) -> dict[str, Any]:
+        """Handle method for operators and benchmarks (`/cluster/pools` asks every replica):
+        this replica's signals, with its id (`replica`) so counters can be paired over time."""
+        from ray import serve
+
+        replica = serve.get_replica_context().replica_id.unique_id
+        return {REPLICA_KEY: replica, **self.engine_stats().as_metrics()}

@@ -1,6 +1,7 @@
 """Calls into pools through public Serve APIs only: one cached `DeploymentHandle` per pool
-(`options(stream=True)` for `LLMServer.chat` / `completions`, plain for `PoolServer.stats`), and
-`serve.status()` for each pool's running replica count, which sizes its admission gate."""
+(`options(stream=True)` for `LLMServer.chat` / `completions`, `broadcast` for
+`PoolServer.stats`), and `serve.status()` for each pool's running replica count, which sizes
+its admission gate."""
 
 from __future__ import annotations
 
@@ -64,15 +65,23 @@ class PoolClient:
         `DeploymentResponseGenerator` (async iterator, `.cancel()`)."""
         return getattr(self._streams[pool], method).remote(request)
 
-    async def stats(self, pool: str, timeout_s: float = 10) -> dict[str, float] | None:
-        """One replica's engine signals, or None when the pool has none to ask."""
+    async def stats(self, pool: str, timeout_s: float = 10) -> list[dict[str, Any]]:
+        """Every running replica's engine signals (`PoolServer.stats`; Serve's broadcast,
+        meant for such control-plane calls); a replica that does not answer is left out."""
         if self.gates[pool].cold:
-            return None
+            return []
         try:
-            return await asyncio.wait_for(self._handles[pool].stats.remote(), timeout_s)
-        except Exception as error:  # a replica that is starting or gone: report, not fail
+            answers = (
+                await self._handles[pool]
+                .broadcast("stats")
+                .results_async(timeout_s=timeout_s, return_exceptions=True)
+            )
+        except Exception as error:  # replicas starting or gone: report, not fail
             logger.warning("stats of pool %s unavailable: %s", pool, error)
-            return None
+            return []
+        for error in (a for a in answers if isinstance(a, BaseException)):
+            logger.warning("a replica of pool %s gave no stats: %s", pool, error)
+        return [a for a in answers if isinstance(a, dict)]
 
     async def ready(self, app_name: str, refresh_s: float) -> None:
         """Replica counts are known (starts the refresh loop on first use)."""

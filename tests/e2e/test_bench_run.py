@@ -94,6 +94,13 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
         # Every request of a cluster is accounted to its pool.
         assert record["routed"] == {"throughput": record["completed"]}
         assert Counter(r["pool"] for r in record["requests"]) == record["routed"]
+        # Both replicas' counters, not one's (Serve's broadcast asks each): the tokens their
+        # engines produced add up to what the client received, and the drafts are real.
+        assert len(record["engine_tokens"]) == 2
+        assert sum(record["engine_tokens"].values()) == record["output_tokens"]
+        speculation = record["speculation"]
+        assert speculation["drafts"] > 0
+        assert all(0 <= p <= 1 for p in speculation["per_position_acceptance"])
     for record in (r for r in records if r["config"] == "vllm-serve"):
         assert {r["pool"] for r in record["requests"]} == {None} and record["routed"] == {}
     summary = json.loads((out / "summary.json").read_text())

@@ -63,8 +63,15 @@ def stats(running: int, waiting: int = 0, kv: float = 0.1, age_s: float = 1.0) -
         ("no timestamp: fall back", {"a": {"running": 1.0}}, None, None),
         ("requests sent since the stats count", {"a": stats(1), "b": stats(3)}, {"a": 6},
          [["b"], ["a"]]),
-        ("fewer sent than the stats: the stats count", {"a": stats(5), "b": stats(3)},
-         {"a": 0}, [["b"], ["a"]]),
+        # The stats are up to a period old: a replica that just finished requests is free.
+        ("Serve's count is fresher than the stats", {"a": stats(5), "b": stats(3)},
+         {"a": 0, "b": 3}, [["a"], ["b"]]),
+        ("waiting counted from the stats, at most what Serve counts",
+         {"a": stats(2, 2), "b": stats(3)}, {"a": 3, "b": 3}, [["b"], ["a"]]),
+        # KV usage costs nothing until the cache is nearly full (two replicas 6 vs 9 apart
+        # in requests when it did).
+        ("KV usage below the pressure point is free", {"a": stats(6, kv=0.35), "b": stats(8)},
+         None, [["a"], ["b"]]),
     ],
 )  # fmt: skip
 def test_rank_by_slowdown(name, replicas, sent, expected):

@@ -21,9 +21,15 @@ from typing import Any
 
 from cluster.autoscale.model import PoolModel
 
+KV_PRESSURE = 0.8
+"""KV cache usage from which a replica's slowdown grows with it: below, blocks are free and
+usage costs nothing the request count does not already carry; above, new requests soon wait
+for blocks or preempt others."""
+
 KV_FULL = 0.95
-"""KV cache usage treated as full: the free fraction a slowdown divides by never drops below
-`1 - KV_FULL`, so a full replica scores 20x worse rather than infinitely."""
+"""KV pressure (the share of the cache above `KV_PRESSURE` in use) treated as full: the
+slowdown divides by `1 - pressure` and never by less than `1 - KV_FULL`, so a full replica
+scores 20x worse rather than infinitely."""
 
 
 @dataclass(frozen=True)
@@ -238,12 +244,16 @@ def replica_slowdown(stats: Mapping[str, float]) -> float:
 
     Each request in the batch lengthens every decode step about equally, so the new request's
     cost grows with `running + 1`; each waiting request is ahead of it in the scheduler queue
-    and counts twice (it adds its prefill and then its decode). The result is divided by the
-    free KV cache fraction: near a full cache new requests wait or preempt others.
+    and counts twice (it adds its prefill and then its decode). Above `KV_PRESSURE` the result
+    is divided by the free share of the cache above it: near a full cache new requests wait or
+    preempt others. KV usage below that is not held against a replica: dividing by the whole
+    free fraction (with request counts up to a stats period old) split the output tokens of
+    two one-core replicas 1:1.4 to 1:2.5 at 16 in flight, their long prompts filling 15-35%
+    of the cache (docs/routing.md).
     """
     load = 1.0 + _stat(stats, "running") + 2.0 * _stat(stats, "waiting")
-    free_kv = 1.0 - min(_stat(stats, "kv_cache_usage"), KV_FULL)
-    return load / free_kv
+    pressure = max(_stat(stats, "kv_cache_usage") - KV_PRESSURE, 0.0) / (1.0 - KV_PRESSURE)
+    return load / (1.0 - min(pressure, KV_FULL))
 
 
 SPEC_COUNTERS = ("spec_drafts", "spec_accepted_tokens")

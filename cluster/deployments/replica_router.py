@@ -5,8 +5,10 @@ Wired per pool by `request_router_config` in the pool's deployment config (`app.
 in every process that holds a handle to the pool (our ingress). Each replica's stats are what
 `PoolServer.record_routing_stats` returned last (engine running / waiting / KV usage plus
 `stats_time_s`), pulled by Serve's controller every `request_routing_stats_period_s` and pushed
-to the routers with the replica list. Between two pulls, the router's own count of requests it
-sent (Serve's queue-length cache) keeps it from piling onto one replica.
+to the routers with the replica list. The requests at a replica are counted from Serve's
+queue-length cache where it has an entry (raised as a request is sent, lowered as it finishes,
+reset from the replica's own count in its replies): fresh, where the stats are up to a period
+old, and a stale count piles requests onto the replica that just finished some.
 
 `choose_replicas` returns ranks, best first; Serve tries the ranks in order and, within a rank,
 takes the replica with the shortest queue that still accepts (so a full replica is skipped).
@@ -48,8 +50,8 @@ def rank_by_slowdown(
     """Replica ids in ranks of (nearly) equal predicted slowdown, best first; None when any
     replica's stats are missing or older than `stale_after_s` (the caller falls back).
 
-    `sent`: requests this router knows to be at each replica (Serve's queue-length cache);
-    when it exceeds the stats' `running + waiting` the stats are behind and it counts instead.
+    `sent`: requests at each replica by Serve's queue-length cache; where present it is the
+    count (split into running and waiting with the stats' waiting), the stats' KV usage kept.
     """
     scored = []
     for replica_id, replica_stats in stats.items():
@@ -59,8 +61,8 @@ def rank_by_slowdown(
         effective = dict(replica_stats)
         known = (sent or {}).get(replica_id)
         if known is not None:
-            waiting = float(effective.get("waiting", 0.0))
-            effective["running"] = max(float(effective.get("running", 0.0)), known - waiting)
+            waiting = min(float(effective.get("waiting", 0.0)), float(known))
+            effective |= {"running": known - waiting, "waiting": waiting}
         scored.append((replica_slowdown(effective), str(replica_id), replica_id))
     scored.sort()
     ranks: list[list[Any]] = []

@@ -415,7 +415,7 @@ def measure(
         # Where the CPU went, per output token: the engine's own, and the serving path's.
         "engine_cpu_ms_per_token": 1000 * cpu["engine"] / tokens,
         "serving_cpu_ms_per_token": 1000 * cpu["serving"] / tokens,
-        "speculation": drafted.summary() if drafted else None,
+        "speculation": drafted.summary() if drafted is not None else None,
         # The output tokens of this cell by engine (a cluster's by replica): the spread.
         "engine_tokens": tokens_by_engine(counters_before or {}, counters_after or {}),
         "cpu_s": cpu,

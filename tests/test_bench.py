@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from cluster import workloads
 from cluster.bench import metrics, report, stats
 from cluster.bench.plan import Plan, configurations
-from cluster.bench.runner import build_prompts, drafted_between, tokens_by_engine
+from cluster.bench.runner import build_prompts, change_by_engine, drafted_between
 from cluster.models import embedded_path
 from cluster.speculation import SpecCounters, derive_schedule, schedule_problem
 
@@ -566,12 +566,10 @@ def test_a_cells_counters_are_each_engines_own_change_summed():
     drafted = drafted_between(before, after)
     assert drafted == SpecCounters(40, 120, 27, (27,))
     assert drafted.mean_acceptance_length == pytest.approx(1 + 27 / 40)
-    assert tokens_by_engine(before, after) == {"a": 40, "b": 100}
+    assert change_by_engine(before, after, "generation_tokens") == {"a": 40, "b": 100}
     # A vLLM server's page has no token counter: no spread to report.
-    assert (
-        tokens_by_engine({"s": SpecCounters().as_metrics()}, {"s": SpecCounters().as_metrics()})
-        == {}
-    )
+    empty = {"s": SpecCounters().as_metrics()}
+    assert change_by_engine(empty, empty, "generation_tokens") == {}
 
 
 def test_engine_stats_carry_spec_counters_and_read_back():

@@ -27,6 +27,8 @@ class EngineStats:
     """Fraction of KV cache blocks in use (0..1)."""
     generation_tokens: int = 0
     """Output tokens produced."""
+    finished_requests: int = 0
+    """Requests finished (any reason)."""
     speculation: SpecCounters = field(default_factory=SpecCounters)
     """Drafts, drafted and accepted tokens (also by draft position)."""
 
@@ -38,5 +40,6 @@ class EngineStats:
             "waiting": float(self.waiting),
             "kv_cache_usage": float(self.kv_cache_usage),
             "generation_tokens": float(self.generation_tokens),
+            "finished_requests": float(self.finished_requests),
             **self.speculation.as_metrics(),
         }

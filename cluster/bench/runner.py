@@ -129,12 +129,13 @@ def drafted_between(before: EngineCounters, after: EngineCounters) -> SpecCounte
     return total
 
 
-def tokens_by_engine(before: EngineCounters, after: EngineCounters) -> dict[str, int]:
-    """Output tokens each engine produced between two snapshots: how the requests spread."""
+def change_by_engine(before: EngineCounters, after: EngineCounters, counter: str) -> dict[str, int]:
+    """How much `counter` grew on each engine between two snapshots (engines that report it):
+    how a cell's requests and tokens spread over the replicas."""
     return {
-        engine: int(after[engine]["generation_tokens"] - before[engine]["generation_tokens"])
+        engine: int(after[engine][counter] - before[engine][counter])
         for engine in sorted(before.keys() & after.keys())
-        if "generation_tokens" in after[engine] and "generation_tokens" in before[engine]
+        if counter in after[engine] and counter in before[engine]
     }
 
 
@@ -416,8 +417,11 @@ def measure(
         "engine_cpu_ms_per_token": 1000 * cpu["engine"] / tokens,
         "serving_cpu_ms_per_token": 1000 * cpu["serving"] / tokens,
         "speculation": drafted.summary() if drafted is not None else None,
-        # The output tokens of this cell by engine (a cluster's by replica): the spread.
-        "engine_tokens": tokens_by_engine(counters_before or {}, counters_after or {}),
+        # The cell's requests and output tokens by engine (a cluster's by replica): the spread.
+        **{
+            f"engine_{name}": change_by_engine(counters_before or {}, counters_after or {}, key)
+            for name, key in (("requests", "finished_requests"), ("tokens", "generation_tokens"))
+        },
         "cpu_s": cpu,
         # How long the server took to go quiet before the cell, and what it used then.
         "settle": {"waited_s": settle_s, "cores": idle_cores},

@@ -52,6 +52,7 @@ class EngineStatsLogger(AggregateStatLoggerBase):
                 )
         if iteration_stats is not None:
             self.stats.generation_tokens += iteration_stats.num_generation_tokens
+            self.stats.finished_requests += len(iteration_stats.finished_requests)
 
     def log_engine_initialized(self) -> None:
         pass

@@ -98,6 +98,7 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
         # engines produced add up to what the client received, and the drafts are real.
         assert len(record["engine_tokens"]) == 2
         assert sum(record["engine_tokens"].values()) == record["output_tokens"]
+        assert sum(record["engine_requests"].values()) == record["completed"]
         speculation = record["speculation"]
         assert speculation["drafts"] > 0
         assert all(0 <= p <= 1 for p in speculation["per_position_acceptance"])

@@ -247,9 +247,8 @@ def replica_slowdown(stats: Mapping[str, float]) -> float:
     and counts twice (it adds its prefill and then its decode). Above `KV_PRESSURE` the result
     is divided by the free share of the cache above it: near a full cache new requests wait or
     preempt others. KV usage below that is not held against a replica: dividing by the whole
-    free fraction (with request counts up to a stats period old) split the output tokens of
-    two one-core replicas up to 1:2.5 at 16 in flight, their long prompts filling 16-34% of
-    the cache (docs/routing.md, "Replica choice").
+    free fraction made a one-core replica whose long prompts filled 16-34% of its cache count
+    like 1.2-1.5x its requests (docs/routing.md, "Replica choice").
     """
     load = 1.0 + _stat(stats, "running") + 2.0 * _stat(stats, "waiting")
     pressure = max(_stat(stats, "kv_cache_usage") - KV_PRESSURE, 0.0) / (1.0 - KV_PRESSURE)

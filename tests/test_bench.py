@@ -15,7 +15,8 @@ from transformers import AutoTokenizer
 from cluster import workloads
 from cluster.bench import metrics, report, stats
 from cluster.bench.plan import Plan, configurations
-from cluster.bench.runner import build_prompts, change_by_engine, drafted_between
+from cluster.bench.reports import change_by_engine, drafted_between
+from cluster.bench.runner import build_prompts
 from cluster.models import embedded_path
 from cluster.speculation import SpecCounters, derive_schedule, schedule_problem
 

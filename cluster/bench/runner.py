@@ -20,7 +20,6 @@ import random
 import signal
 import threading
 import time
-import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
@@ -32,12 +31,11 @@ from typing import Any
 from tqdm import tqdm
 
 from cluster import workloads
-from cluster.autoscale.signals import REPLICA_KEY
 from cluster.bench import metrics
 from cluster.bench.plan import MIXED_CHAT_SHARE, BenchConfig, Cell, Plan
+from cluster.bench.reports import cell_engine_fields, routed_pools, snapshot
 from cluster.bench.servers import Frozen, InProcessServer, make_room, start
 from cluster.launcher import ServerStartError, engine_cores, session_cpu_seconds, settle
-from cluster.speculation import SpecCounters
 
 RESULT_FILE = "result.json"
 SERVER_MEMORY_GIB = 7
@@ -94,58 +92,6 @@ def _draw(rng: random.Random, pool: list, count: int) -> list:
     """`count` prompts of `pool`, distinct while the pool lasts."""
     drawn = rng.sample(pool, min(count, len(pool)))
     return drawn + rng.choices(pool, k=count - len(drawn))
-
-
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return response.read()
-
-
-EngineCounters = dict[str, dict[str, float]]
-"""Cumulative counters by engine: replica id (a vLLM server: its config's name) -> the
-`EngineStats.as_metrics()` keys it reports."""
-
-
-def snapshot(config: BenchConfig, base_url: str) -> EngineCounters | None:
-    """Every engine's cumulative counters (None where the server reports none)."""
-    if config.kind == "vllm-serve":
-        text = _get(f"{base_url}/metrics").decode()
-        return {config.name: SpecCounters.from_prometheus(text).as_metrics()}
-    if config.kind != "cluster":
-        return None
-    pools = json.loads(_get(f"{base_url}/cluster/pools"))
-    return {engine[REPLICA_KEY]: engine for pool in pools.values() for engine in pool["engines"]}
-
-
-def drafted_between(before: EngineCounters, after: EngineCounters) -> SpecCounters:
-    """Speculation between two snapshots, summed over the engines in both (one that started
-    or left in between has no baseline and is left out)."""
-    total = SpecCounters()
-    for engine in sorted(before.keys() & after.keys()):
-        total = total + (
-            SpecCounters.from_engine_metrics(after[engine])
-            - SpecCounters.from_engine_metrics(before[engine])
-        )
-    return total
-
-
-def change_by_engine(before: EngineCounters, after: EngineCounters, counter: str) -> dict[str, int]:
-    """How much `counter` grew on each engine between two snapshots (engines that report it):
-    how a cell's requests and tokens spread over the replicas."""
-    return {
-        engine: int(after[engine][counter] - before[engine][counter])
-        for engine in sorted(before.keys() & after.keys())
-        if counter in after[engine] and counter in before[engine]
-    }
-
-
-def routed_pools(base_url: str, request_id_prefix: str, requests: int) -> list[str | None]:
-    """The pool of each request `i` (sent as `x-request-id: {prefix}{i}`), from the ingress's
-    route log; None where the ingress has no record (the request never reached routing)."""
-    query = urllib.parse.urlencode({"request_id_prefix": request_id_prefix})
-    routes = json.loads(_get(f"{base_url}/cluster/routes?{query}"))
-    pool_of = {route["request_id"]: route["pool"] for route in routes}
-    return [pool_of.get(f"{request_id_prefix}{i}") for i in range(requests)]
 
 
 def run_load(
@@ -397,7 +343,6 @@ def measure(
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt  # whatever the load generator made of it
     counters_after = snapshot(config, server.base_url)
-    drafted = drafted_between(counters_before, counters_after) if counters_before else None
     cpu = cpu_split(cpu_before, session_cpu_seconds(server.process.pid))
     pools = None
     if config.kind == "cluster":
@@ -416,12 +361,7 @@ def measure(
         # Where the CPU went, per output token: the engine's own, and the serving path's.
         "engine_cpu_ms_per_token": 1000 * cpu["engine"] / tokens,
         "serving_cpu_ms_per_token": 1000 * cpu["serving"] / tokens,
-        "speculation": drafted.summary() if drafted is not None else None,
-        # The cell's requests and output tokens by engine (a cluster's by replica): the spread.
-        **{
-            f"engine_{name}": change_by_engine(counters_before or {}, counters_after or {}, key)
-            for name, key in (("requests", "finished_requests"), ("tokens", "generation_tokens"))
-        },
+        **cell_engine_fields(counters_before, counters_after),
         "cpu_s": cpu,
         # How long the server took to go quiet before the cell, and what it used then.
         "settle": {"waited_s": settle_s, "cores": idle_cores},

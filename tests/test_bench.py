@@ -190,6 +190,20 @@ def test_spec_counter_deltas_from_every_source():
     assert SpecCounters.from_engine_metrics(engine) == after
 
 
+def test_restart_servers_reaches_the_plan_and_is_off_by_default():
+    from cluster.bench.cli import _plan
+    from cluster.cli import build_parser
+
+    def plan_of(*argv: str) -> Plan:
+        return _plan(build_parser().parse_args(["bench", *argv]))
+
+    assert plan_of("--repeats", "2").restart_servers is False
+    fresh = plan_of("--restart-servers", "--repeats", "2")
+    assert fresh.restart_servers is True and fresh.repeats == 2
+    # Recorded with the plan, so `--resume` restarts servers as the run began.
+    assert asdict(fresh)["restart_servers"] is True
+
+
 def test_mixed_cells_draw_half_short_chat_half_long_code(tokenizer, tmp_path):
     plan = Plan(
         workloads=("code-long", "mixed"), contexts=(512,), concurrencies=(4,), output_tokens=32,

@@ -40,6 +40,7 @@ def _plan(args: argparse.Namespace):
         "seed": args.seed,
         "ignore_eos": args.ignore_eos or None,
         "max_context_in_flight": args.max_context_in_flight,
+        "restart_servers": args.restart_servers or None,
     }
     return Plan(**{k: v for k, v in chosen.items() if v is not None})
 
@@ -252,6 +253,12 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--max-context-in-flight", type=int,
         help="skip cells where concurrency x context tokens exceed this (default 0: none)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--restart-servers", action="store_true",
+        help="start each configuration's server afresh for every repetition (its own luck "
+        "then varies between repetitions instead of repeating in all; about a start per "
+        "configuration and repetition more)",
     )  # fmt: skip
     bench.add_argument("-k", type=int, default=3, help="draft depth of speculative configs")
     bench.add_argument(

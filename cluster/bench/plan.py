@@ -145,6 +145,13 @@ class Plan:
     """Distinct held-out source files per context; cells draw from them, each request with a
     unique first line, so no two requests share a cached prefix."""
 
+    restart_servers: bool = False
+    """Start every configuration's server afresh for each of its turns and stop it after,
+    instead of once per run: whatever one server instance does differently (the same engine
+    under two names measured 0.94x in one run and 1.06x in the next) then varies between the
+    repetitions, where the paired min-max shows it, instead of repeating in all of them. Costs
+    a start per configuration and repetition (1-2.5 minutes each here)."""
+
     max_context_in_flight: int = 0
     """Skip cells whose concurrency x context tokens exceed this (0: run all). On 2 CPU cores
     16 x 2k tokens of prefill alone take about two minutes per configuration and repetition."""

@@ -1,5 +1,6 @@
 """Execute a benchmark `Plan`: start every configuration's server once (each frozen while it
-waits, see `servers.py`), then run the repetitions, each visiting the configurations in its own
+waits, see `servers.py`) or, with `Plan.restart_servers`, afresh for each of its turns; then run
+the repetitions, each visiting the configurations in its own
 seeded order and replaying every cell with prompts no earlier cell used. HTTP configurations are
 replayed with vLLM's own load generator (`vllm.benchmarks.serve`, called in-process; chat API,
 streaming, greedy); `inprocess` gets the same jobs on its stdin. Speculation counters are read
@@ -23,6 +24,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
@@ -218,59 +220,108 @@ def run(
     todo = plan.repetitions * len(runnable) * len(cells)
     with contextlib.ExitStack() as stack, tqdm(total=todo, desc="bench", unit="cell") as bar:
         bar.update(len(done))
-        servers = {}
-        for config in runnable:
-            bar.set_postfix(config=config.name, stage="starting")
-            try:
-                if servers:  # only frozen servers can be pushed out to make room
-                    make_room(SERVER_MEMORY_GIB)
-                stack.enter_context(server := start(config, preset_dir))
-            except ServerStartError as error:  # the other configs still run
-                bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
-                result["configs"][config.name]["failed"] = str(error)[-4000:]
-                continue
-            frozen = Frozen(server.process)
-            frozen.freeze()
-            servers[config.name] = (config, server, frozen)
-            result["configs"][config.name].pop("failed", None)  # an earlier try's, on resume
-            result["configs"][config.name]["ready_s"] = server.ready_s
-            result["configs"][config.name]["engine_cores"] = engine_cores(server.process.pid)
+        if plan.restart_servers:  # each turn starts its own server (`_fresh_turn`)
+            servers = {config.name: (config, None, None) for config in runnable}
+        else:
+            servers = _start_all(runnable, preset_dir, result, stack, bar)
         for repetition in range(plan.repetitions):
             order = plan.order(repetition, list(servers))
             result["order"][str(repetition)] = order
             for name in order:
                 if name not in servers:
-                    continue  # stopped answering in an earlier turn
+                    continue  # failed to start, or stopped answering in an earlier turn
                 config, server, frozen = servers[name]
                 missing = [c for c in cells if (repetition, name, c.name) not in done]
                 if not missing:
                     continue
-                frozen.thaw()
+                turn = (
+                    _fresh_turn(config, preset_dir, result, repetition)
+                    if plan.restart_servers
+                    else _kept_turn(server, frozen)
+                )
                 try:
-                    if (problem := unanswered(server, model)) is not None:
-                        bar.write(f"failed {name}: stopped answering ({problem}); the rest go on")
-                        result["configs"][name]["failed"] = (
-                            f"stopped answering at repetition {repetition}: {problem}\n"
-                            + server.log()[-4000:]
-                        )
-                        write_atomically(path, result)
-                        del servers[name]
-                        server.stop()  # its memory back for the others (thawed above)
-                        continue
-                    for cell in missing:
-                        bar.set_postfix(rep=repetition, config=name, cell=cell.name)
-                        record = measure(
-                            config, server, model, tokenizer, prompts[(repetition, cell.name)],
-                            cell, plan, repetition,
-                        )  # fmt: skip
-                        result["records"].append(record)
-                        write_atomically(path, result)
-                        bar.update(1)
-                finally:
-                    frozen.freeze()
+                    with turn as server:
+                        if (problem := unanswered(server, model)) is not None:
+                            raise ServerStartError(
+                                f"stopped answering at repetition {repetition}: {problem}\n"
+                                + server.log()[-4000:]
+                            )
+                        for cell in missing:
+                            bar.set_postfix(rep=repetition, config=name, cell=cell.name)
+                            record = measure(
+                                config, server, model, tokenizer,
+                                prompts[(repetition, cell.name)], cell, plan, repetition,
+                            )  # fmt: skip
+                            result["records"].append(record)
+                            write_atomically(path, result)
+                            bar.update(1)
+                except ServerStartError as error:  # the other configurations go on
+                    bar.write(f"failed {name}: {str(error).splitlines()[0]}; the rest go on")
+                    result["configs"][name]["failed"] = str(error)[-4000:]
+                    write_atomically(path, result)
+                    del servers[name]
+                    if frozen is not None:  # a kept server that stopped answering
+                        frozen.thaw()  # a frozen process cannot act on its stop signal
+                        server.stop()  # its memory back for the others
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_atomically(path, result)
     return result
+
+
+def _start_all(
+    configs: list[BenchConfig],
+    preset_dir: Path,
+    result: dict[str, Any],
+    stack: contextlib.ExitStack,
+    bar: tqdm,
+) -> dict[str, tuple[BenchConfig, Any, Frozen]]:
+    """Start every configuration's server for the whole run, each frozen until its turn; one
+    that fails to start is recorded and left out."""
+    servers = {}
+    for config in configs:
+        bar.set_postfix(config=config.name, stage="starting")
+        try:
+            if servers:  # only frozen servers can be pushed out to make room
+                make_room(SERVER_MEMORY_GIB)
+            stack.enter_context(server := start(config, preset_dir))
+        except ServerStartError as error:  # the other configs still run
+            bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
+            result["configs"][config.name]["failed"] = str(error)[-4000:]
+            continue
+        frozen = Frozen(server.process)
+        frozen.freeze()
+        servers[config.name] = (config, server, frozen)
+        result["configs"][config.name].pop("failed", None)  # an earlier try's, on resume
+        result["configs"][config.name]["ready_s"] = server.ready_s
+        result["configs"][config.name]["engine_cores"] = engine_cores(server.process.pid)
+    return servers
+
+
+@contextlib.contextmanager
+def _kept_turn(server: Any, frozen: Frozen) -> Iterator[Any]:
+    """One turn of a server kept for the whole run: thawed for it, frozen again after."""
+    frozen.thaw()
+    try:
+        yield server
+    finally:
+        frozen.freeze()
+
+
+@contextlib.contextmanager
+def _fresh_turn(
+    config: BenchConfig, preset_dir: Path, result: dict[str, Any], repetition: int
+) -> Iterator[Any]:
+    """One turn on a server started for it and stopped after (`Plan.restart_servers`); each
+    start is recorded under the configuration's `starts`."""
+    with start(config, preset_dir) as server:
+        recorded = result["configs"][config.name]
+        recorded.pop("failed", None)  # an earlier try's, on resume
+        recorded.setdefault("starts", []).append({
+            "repetition": repetition,
+            "ready_s": server.ready_s,
+            "engine_cores": engine_cores(server.process.pid),
+        })  # fmt: skip
+        yield server
 
 
 def cpu_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

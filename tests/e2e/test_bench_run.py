@@ -115,6 +115,34 @@ def test_short_bench_writes_a_complete_result(tmp_path: Path):
 
 
 @pytest.mark.e2e
+def test_restart_servers_gives_every_repetition_its_own_server(tmp_path: Path):
+    """`--restart-servers`: each turn starts its server and stops it after, so the
+    repetitions run on different instances (recorded under `starts`) and none is left
+    running. Against `vllm-serve`, the server that starts fastest (about a minute here)."""
+    before = _our_processes()
+    run = subprocess.run(
+        _bench(
+            "--configs", "vllm-serve", "--restart-servers", "--contexts", "1024",
+            "--concurrency", "1", "--min-requests", "2", "--repeats", "1", "--warmup", "1",
+            "--output-tokens", "16", "--out", str(tmp_path),
+        ),
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    (out,) = tmp_path.iterdir()
+    result = json.loads((out / "result.json").read_text())
+    assert result["plan"]["restart_servers"] is True
+    starts = result["configs"]["vllm-serve"]["starts"]
+    assert [start["repetition"] for start in starts] == [0, 1]
+    assert all(start["ready_s"] > 0 and start["engine_cores"] == [[0, 1]] for start in starts)
+    records = result["records"]
+    assert sorted(r["repetition"] for r in records) == [0, 1]
+    assert all(r["failed"] == 0 and r["completed"] == 2 for r in records)
+    leftover = _left_behind(before)
+    assert not leftover, f"a server outlived its turn: {leftover}"
+
+
+@pytest.mark.e2e
 def test_ctrl_c_mid_run_stops_every_server_and_the_run_resumes(tmp_path: Path):
     """Ctrl-C (SIGINT to the terminal's whole process group) while a cell is replaying, then
     `--resume`: the run finishes with every cell measured once. Against `vllm-serve`, the

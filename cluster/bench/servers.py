@@ -4,11 +4,13 @@ Every server runs in a session of its own (`start_new_session`); Ray's daemons a
 vLLM's engine processes stay in it. Between its turns a server is frozen (SIGSTOP to every
 process of its session) and thawed (SIGCONT) for its next turn, so an idle Ray instance's
 background work (about 15% of a core, measured) never competes with the configuration being
-measured, and servers start once per run instead of once per repetition.
+measured, and servers start once per run instead of once per repetition (`start_all`,
+`kept_turn`); with `--restart-servers` each turn starts its own instead (`fresh_turn`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,17 +18,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cluster.bench.plan import BenchConfig
 from cluster.launcher import (
     ChildServer,
     ServeProcess,
     ServerStartError,
     VLLMServerProcess,
+    engine_cores,
     free_port,
     signal_session,
 )
+
+SERVER_MEMORY_GIB = 7
+"""RAM one server needs to start here (model, 2 GiB KV cache, torch, Ray's processes)."""
 
 
 def meminfo_gib(field: str) -> float:
@@ -148,3 +156,59 @@ def start(config, preset_dir: Path):
         llm_config.pop("experimental_configs", None)  # Ray's defaults, not ours
         return RayLLMServer(llm_config)
     raise ValueError(f"unknown server kind {config.kind!r}")
+
+
+def start_all(
+    configs: list[BenchConfig],
+    preset_dir: Path,
+    result: dict[str, Any],
+    stack: contextlib.ExitStack,
+    bar: Any,
+) -> dict[str, tuple[BenchConfig, Any, Frozen]]:
+    """Start every configuration's server for the whole run, each frozen until its turn; one
+    that fails to start is recorded and left out."""
+    servers = {}
+    for config in configs:
+        bar.set_postfix(config=config.name, stage="starting")
+        try:
+            if servers:  # only frozen servers can be pushed out to make room
+                make_room(SERVER_MEMORY_GIB)
+            stack.enter_context(server := start(config, preset_dir))
+        except ServerStartError as error:  # the other configs still run
+            bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
+            result["configs"][config.name]["failed"] = str(error)[-4000:]
+            continue
+        frozen = Frozen(server.process)
+        frozen.freeze()
+        servers[config.name] = (config, server, frozen)
+        result["configs"][config.name].pop("failed", None)  # an earlier try's, on resume
+        result["configs"][config.name]["ready_s"] = server.ready_s
+        result["configs"][config.name]["engine_cores"] = engine_cores(server.process.pid)
+    return servers
+
+
+@contextlib.contextmanager
+def kept_turn(server: Any, frozen: Frozen) -> Iterator[Any]:
+    """One turn of a server kept for the whole run: thawed for it, frozen again after."""
+    frozen.thaw()
+    try:
+        yield server
+    finally:
+        frozen.freeze()
+
+
+@contextlib.contextmanager
+def fresh_turn(
+    config: BenchConfig, preset_dir: Path, result: dict[str, Any], repetition: int
+) -> Iterator[Any]:
+    """One turn on a server started for it and stopped after (`Plan.restart_servers`); each
+    start is recorded under the configuration's `starts`."""
+    with start(config, preset_dir) as server:
+        recorded = result["configs"][config.name]
+        recorded.pop("failed", None)  # an earlier try's, on resume
+        recorded.setdefault("starts", []).append({
+            "repetition": repetition,
+            "ready_s": server.ready_s,
+            "engine_cores": engine_cores(server.process.pid),
+        })  # fmt: skip
+        yield server

@@ -1,6 +1,7 @@
 """`cluster render kuberay`: a KubeRay `RayService` from the same cluster YAML that runs locally,
 plus the objects that keep it safe to run (`cluster.kuberay_objects`): its ingress Service, a
-PodDisruptionBudget per worker group and a default-deny NetworkPolicy with explicit allows.
+PodDisruptionBudget per worker group and a default-deny NetworkPolicy with explicit allows;
+what every pod carries (security contexts, drain on termination) is `cluster.kuberay_pods`.
 
 The Serve config points at `cluster.deployments.app:app_builder` with the cluster config inline,
 so the application on EKS is built by the same code as `cluster serve`. One worker group per
@@ -15,7 +16,6 @@ take the Serve application down.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,20 @@ from cluster.kuberay_objects import (
     METRICS_PORT,
     MONITORING_NAMESPACE,
     SERVE_PORT,
-    SERVICE_LABEL,
     ingress_service,
     labels,
     network_policies,
     pod_disruption_budget,
+)
+from cluster.kuberay_pods import (
+    CHECKOV_SKIPS,
+    CONTAINER_SECURITY_CONTEXT,
+    HEAD_CHECKOV_SKIPS,
+    POD_SECURITY_CONTEXT,
+    TERMINATION_MARGIN_S,
+    drain_seconds,
+    pod_metadata,
+    pre_stop,
 )
 
 MODEL_CACHE = "/mnt/cluster-cache"
@@ -55,58 +64,8 @@ REDIS_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 PROMETHEUS_HOST = f"http://kps-prometheus.{MONITORING_NAMESPACE}.svc:9090"
 GRAFANA_HOST = f"http://grafana.{MONITORING_NAMESPACE}.svc"
 GRAFANA_IFRAME_HOST = "http://localhost:3000"
-TERMINATION_MARGIN_S = 30  # SIGTERM to SIGKILL after the drain: Ray's own shutdown
 API_KEYS_SECRET, API_KEYS_SECRET_KEY = "cluster-api-keys", "keys.json"
 API_KEYS_DIR = "/etc/cluster/api-keys"
-# checkov Kubernetes checks that do not fit Ray pods, with the reason next to each.
-CHECKOV_SKIPS = {
-    "CKV_K8S_8": "KubeRay injects the liveness probe of every Ray container",
-    "CKV_K8S_9": "KubeRay injects the readiness probe of every Ray container",
-    "CKV_K8S_22": "Ray writes its session, spill and log files under /tmp/ray and $HOME",
-    "CKV_K8S_43": "images are pinned by release tag in the render; digests are set by CI",
-    "CKV_K8S_15": "release tags are immutable; IfNotPresent avoids a registry pull per pod",
-    "CKV_K8S_40": "rayproject images run as their `ray` user, uid 1000; files in them are its",
-}
-HEAD_CHECKOV_SKIPS = {
-    "CKV_K8S_38": "the in-tree autoscaler sidecar on the head calls the Kubernetes API",
-}
-
-
-def _pod_metadata(name: str, skips: dict[str, str]) -> dict[str, Any]:
-    return {
-        "labels": {SERVICE_LABEL: name},
-        "annotations": {
-            f"checkov.io/skip{i}": f"{check}={reason}"
-            for i, (check, reason) in enumerate(sorted(skips.items()), start=1)
-        },
-    }
-
-
-POD_SECURITY_CONTEXT = {
-    "runAsNonRoot": True,
-    "runAsUser": 1000,  # the `ray` user of rayproject images
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-
-
-def drain_seconds(*pools: PoolConfig) -> int:
-    """What a pod's preStop waits: Serve's graceful shutdown of the replicas it may hold (one
-    pool's on a GPU worker, any pool's streams through the ingress)."""
-    return max(
-        math.ceil(p.graceful_shutdown_timeout_s + p.graceful_shutdown_wait_loop_s) for p in pools
-    )
-
-
-def _pre_stop(seconds: int) -> dict[str, Any]:
-    """Tell Ray the node is going away, then give Serve the time it was promised: it starts
-    replacements elsewhere, the node's proxy fails its health checks (the load balancer stops
-    sending), and replicas finish in-flight streams before SIGTERM reaches Ray."""
-    drain = (
-        "ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION "
-        f"--reason-message 'pod terminating' --deadline-remaining-seconds {seconds}"
-    )
-    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"{drain}; sleep {seconds}"]}}}
 
 
 def _worker_pod(
@@ -118,7 +77,7 @@ def _worker_pod(
     container: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
-        "metadata": _pod_metadata(name, CHECKOV_SKIPS),
+        "metadata": pod_metadata(name, CHECKOV_SKIPS),
         "spec": {
             "serviceAccountName": service_account,
             "securityContext": POD_SECURITY_CONTEXT,
@@ -132,7 +91,7 @@ def _worker_pod(
                     "imagePullPolicy": "IfNotPresent",
                     "resources": {"limits": limits, "requests": limits},
                     "securityContext": CONTAINER_SECURITY_CONTEXT,
-                    "lifecycle": _pre_stop(drain_s),
+                    "lifecycle": pre_stop(drain_s),
                     **(container or {}),
                 }
             ],
@@ -252,7 +211,7 @@ def _head(config: ClusterConfig, name: str, image: str, service_account: str) ->
         # ClusterIP only: dashboard, metrics and API stay inside the VPC.
         "serviceType": "ClusterIP",
         "template": {
-            "metadata": _pod_metadata(name, CHECKOV_SKIPS | HEAD_CHECKOV_SKIPS),
+            "metadata": pod_metadata(name, CHECKOV_SKIPS | HEAD_CHECKOV_SKIPS),
             "spec": {
                 "serviceAccountName": service_account,
                 "securityContext": POD_SECURITY_CONTEXT,

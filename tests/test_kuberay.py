@@ -20,10 +20,9 @@ from cluster.kuberay import (
     INGRESS_GROUP,
     INGRESS_RESOURCE,
     MONITORING_NAMESPACE,
-    TERMINATION_MARGIN_S,
-    drain_seconds,
     manifests,
 )
+from cluster.kuberay_pods import TERMINATION_MARGIN_S, drain_seconds
 from tests.test_terraform import run_checkov
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -305,20 +305,25 @@ def fault_phase(client: Client, session_id: int, kills: int, concurrency: int) -
     }
 
 
-def targets_missed(result: dict) -> list[str]:
+# Admitted requests slow each other on shared cores: the one timed target, which the
+# full run (`cluster reliability`) judges and the small e2e run only records.
+LATENCY_TARGET = "overload.p99_admitted_s <= 2 x p99_unloaded_s"
+
+
+def targets_missed(result: dict, *, timed: bool = True) -> list[str]:
+    """Names of the targets `result` misses; `timed=False` leaves out LATENCY_TARGET."""
     f, o, b, a = (result[k] for k in ("faults", "overload", "bad_inputs", "auth"))
     checks = {
         "faults.lost_before_first_token == 0": f["lost_before_first_token"] == 0,
         "faults.mid_stream_silent_closes == 0": f["mid_stream_silent_closes"] == 0,
         "overload.other_5xx == 0": o["other_5xx"] == 0,
         "overload.retry_after_missing == 0": o["retry_after_missing"] == 0,
-        "overload.p99_admitted_s <= 2 x p99_unloaded_s": o["p99_admitted_s"]
-        <= 2 * o["p99_unloaded_s"],
+        LATENCY_TARGET: o["p99_admitted_s"] <= 2 * o["p99_unloaded_s"],
         "bad_inputs all 4xx with OpenAI body": b["4xx_with_openai_body"] == b["cases"],
         "bad_inputs.server_healthy_after": b["server_healthy_after"],
         "auth all correct": a["correct"] == a["cases"],
     }
-    return [name for name, ok in checks.items() if not ok]
+    return [name for name, ok in checks.items() if not ok and (timed or name != LATENCY_TARGET)]
 
 
 def run(

@@ -89,6 +89,41 @@ def test_engine_5xx_is_retried_but_a_4xx_is_the_answer():
     assert caught.value.status == 400 and caught.value.message == "too long"
 
 
+def test_an_engine_error_event_before_the_first_token_is_a_failure_not_a_stream():
+    # vLLM reports an engine failure inside a stream as an SSE error event, then [DONE].
+    def event(code):
+        error = {"message": f"engine said {code}", "type": "x", "param": None, "code": code}
+        return [f"data: {json.dumps({'error': error})}\n\n", "data: [DONE]\n\n"]
+
+    started, gates, calls, retries = _run(
+        {"thr": [[event(500)]], "spec": [[[CHUNK]]]}, ["thr", "spec"]
+    )
+    assert started.pool == "spec" and retries == ["thr"] and calls[0][1].cancelled
+    assert gates["thr"].in_flight == 0
+    with pytest.raises(ApiError) as caught:  # the client's own error: its status, not a 200
+        _run({"thr": [[event(400)]], "spec": []}, ["thr", "spec"])
+    assert caught.value.status == 400 and caught.value.message == "engine said 400"
+    assert streaming._error_in([CHUNK]) is None
+    quoted = {"choices": [{"delta": {"content": '{"error": 1}'}}]}  # text, not an error
+    assert streaming._error_in([f"data: {json.dumps(quoted)}\n\n"]) is None
+
+
+def test_a_full_other_pool_does_not_hide_the_failure_before_it():
+    gates, retries = _gates(), []
+    gates["spec"].set_replicas(0)  # down: no slot to fail over to
+
+    async def go():
+        slot = gates["thr"].try_enter()
+        return await streaming.start(["thr", "spec"], slot, gates,
+                                     lambda pool: Scripted([ActorDiedError()]),
+                                     lambda p, e: retries.append(p))  # fmt: skip
+
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(go())
+    assert caught.value.status == 502 and caught.value.retryable
+    assert gates["thr"].in_flight == 0 and gates["spec"].in_flight == 0
+
+
 def test_every_attempt_failing_gives_the_last_error():
     with pytest.raises(ApiError) as caught:
         _run({"thr": [[ActorDiedError()]], "spec": [[DeploymentUnavailableError("x")]]},

@@ -14,6 +14,7 @@ from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
 from cluster.autoscale.model import PerformanceModel
 from cluster.cli import main
 from cluster.config import ConfigError, load_config
+from cluster.simulate import sweep as sweep_module
 from cluster.simulate import trace
 from cluster.simulate.engine import (
     CONTEXT_BUCKET_TOKENS,
@@ -250,6 +251,39 @@ def test_sweep_scales_trace_and_budget_together(tmp_path):
     assert (tmp_path / "out" / "sweep.png").stat().st_size > 10_000
     block = json.loads(summary.read_text())["simulation_sweep"]
     assert [b["gpus"] for b in block] == [16, 32]
+
+
+def test_a_baseline_sweep_gives_the_same_rows_running_ours_alone(tmp_path, capsys, monkeypatch):
+    ran: list[str] = []
+
+    class Counted(sweep_module.Simulation):  # the real simulation, each run's strategy noted
+        def run(self, requests):
+            ran.append(self.strategy.name)
+            return super().run(requests)
+
+    monkeypatch.setattr(sweep_module, "Simulation", Counted)
+    trace_spec = tmp_path / "trace.yaml"
+    trace_spec.write_text(
+        json.dumps(spec(duration_s=900, peak_rate_per_s=4, trough_rate_per_s=1).model_dump())
+    )
+    args = [
+        "simulate", str(KIMI), "--trace", str(trace_spec), "--hardware", str(KIMI_SCALE),
+        "--budget", "2", "--sweep", "2,4", "--warmup-s", "120", "--replica-start-s", "60",
+        "--seeds", "2", "--summary", "",
+    ]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "full")]) == 0
+    full = tmp_path / "full" / "sweep.json"
+    assert ran.count(OURS) == 4 and len(set(ran)) > 4  # every strategy, 2 budgets x 2 traces
+    ran.clear()
+    assert main([*args, "--out", str(tmp_path / "reused"), "--baseline", str(full)]) == 0
+    assert ran == [OURS] * 4
+    reused = json.loads((tmp_path / "reused" / "sweep.json").read_text())["rows"]
+    assert reused == json.loads(full.read_text())["rows"]  # the simulator is deterministic
+    # Other settings, other numbers for every strategy: the baseline does not apply.
+    changed = [*args, "--out", str(tmp_path / "x"), "--baseline", str(full)]
+    changed[changed.index("--replica-start-s") + 1] = "90"
+    assert main(changed) == 2
+    assert "baseline: no row for 2 replicas" in capsys.readouterr().err
 
 
 def _result(strategy: str, gpu_hours: float, slo_attainment: float) -> SimulationResult:

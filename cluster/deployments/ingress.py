@@ -199,6 +199,7 @@ def ingress_class(server: ServerConfig) -> type:
             other = self._other_pool(pool)
             try:
                 pool, slot = await self._admit(pool, other)
+                headers[POOL_HEADER] = pool  # a spill: errors from here on are that pool's
                 trace.start_pool_call(pool)
                 started = await streaming.start(
                     streaming.attempt_order(

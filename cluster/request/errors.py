@@ -110,11 +110,34 @@ def from_exception(error: BaseException, retry_after_s: int) -> ApiError:
 def from_pool_error(error: Any) -> ApiError:
     """An `ErrorResponse` a pool returned: its own status and words; 5xx may be retried."""
     inner = error.error
-    status = int(getattr(inner, "code", 500) or 500)
+    return _pool_error(getattr(inner, "code", 500), inner.message, getattr(inner, "param", None))
+
+
+def from_streamed_error(text: str) -> ApiError | None:
+    """The error in a streamed pool item that is an SSE error event (`data: {"error": ...}`),
+    else None: vLLM reports an engine failure inside a stream as text, not as an
+    `ErrorResponse` (and ends the stream after it)."""
+    payload = text.removeprefix("data: ").strip()
+    if not payload.startswith('{"error"'):
+        return None
+    try:
+        inner = json.loads(payload)["error"]
+    except (ValueError, KeyError):
+        return None
+    if not isinstance(inner, dict):
+        return None
+    return _pool_error(inner.get("code"), str(inner.get("message", "")), inner.get("param"))
+
+
+def _pool_error(code: Any, message: str, param: Any) -> ApiError:
+    try:
+        status = int(code or 500)
+    except (TypeError, ValueError):
+        status = 500
     return ApiError(
         status,
-        inner.message,
-        param=getattr(inner, "param", None),
+        message or "the engine failed",
+        param=param,
         code=None if status < 500 else "pool_error",
         retryable=status >= 500,
     )

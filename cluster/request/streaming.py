@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.request.admission import PoolGate, Slot
-from cluster.request.errors import ApiError, from_exception, from_pool_error, is_pool_error
+from cluster.request.errors import (
+    ApiError,
+    from_exception,
+    from_pool_error,
+    from_streamed_error,
+    is_pool_error,
+)
 
 DONE = "data: [DONE]\n\n"
 
@@ -53,9 +59,7 @@ async def start(
     for attempt, pool in enumerate(order):
         if attempt:
             slot = gates[pool].try_enter()
-            if slot is None:  # that pool is full: its gate's answer is the last word
-                last = ApiError(429, f"pool {pool!r} is at capacity", code="pool_queue_full",
-                                retry_after_s=gates[pool].retry_after_s)  # fmt: skip
+            if slot is None:  # that pool is full or down: the failure before it stays the answer
                 continue
         gate = gates[pool]
         stream = call(pool)
@@ -91,6 +95,8 @@ async def start(
 
 def _error_in(item: Any) -> ApiError | None:
     first = item[0] if isinstance(item, list) and item else item
+    if isinstance(first, str):
+        return from_streamed_error(first)
     return from_pool_error(first) if is_pool_error(first) else None
 
 

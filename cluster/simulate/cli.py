@@ -22,6 +22,7 @@ from cluster.bench.runner import write_atomically
 from cluster.config import ClusterConfig, ConfigError, load_config
 from cluster.simulate import trace as traces
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
+from cluster.simulate.plots import plot, plot_sweep
 from cluster.simulate.result import SimulationResult
 from cluster.simulate.strategies import OURS
 from cluster.simulate.sweep import compare, ours_against_static, seeded
@@ -70,37 +71,6 @@ def table(results: list[SimulationResult], best: SimulationResult) -> str:
             f"| {rates} | {r.ttft_s['p50']:.2f} / {r.ttft_s['p99']:.2f} | {routed} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def plot(timelines: dict[str, list[dict[str, Any]]], spec: traces.TraceSpec | None, path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axis = plt.subplots(figsize=(10, 4.5))
-    for strategy, timeline in timelines.items():
-        pools = [k for k in timeline[0] if k != "t_s"]
-        hours = [point["t_s"] / 3600 for point in timeline]
-        for pool in pools:
-            axis.step(hours, [p[pool] for p in timeline], where="post", label=f"{strategy}: {pool}")
-    axis.set(xlabel="simulated hours", ylabel="replicas (running or starting)")
-    axis.grid(alpha=0.3)
-    if spec is not None:
-        rate_axis = axis.twinx()
-        xs = [i * spec.duration_s / 400 for i in range(401)]
-        rate_axis.plot(
-            [x / 3600 for x in xs],
-            [spec.rate_at(x) for x in xs],
-            color="grey",
-            alpha=0.4,
-            label="arrivals/s",
-        )
-        rate_axis.set_ylabel("arrivals per second")
-    axis.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _json_safe(value: Any) -> Any:
@@ -165,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seeds: {args.seeds}: at least one trace")
     if args.seeds > 1 and spec is None:
         raise ConfigError(f"{args.trace}: --seeds draws traces from a spec (.yaml), not JSONL")
+    if args.baseline and not args.sweep:
+        raise ConfigError("--baseline: only with --sweep (it reuses a sweep's rows)")
     if args.sweep:
         return _run_sweep(args, config, model, spec, slo, budget, out)
     days = seeded(spec, args.seeds) if spec is not None else []
@@ -248,7 +220,9 @@ def _run_sweep(args, config, model, spec, slo, budget: int, out: Path) -> int:
             bar.update(1)
 
         kwargs = _simulation_kwargs(args)
-        rows = sweep(config, model, spec, slo, budget, args.sweep, kwargs, progress, args.seeds)
+        baseline = json.loads(Path(args.baseline).read_text())["rows"] if args.baseline else None
+        rows = sweep(config, model, spec, slo, budget, args.sweep, kwargs, progress, args.seeds,
+                     baseline)  # fmt: skip
     document = {
         "config": args.file,
         "trace": args.trace,
@@ -269,37 +243,6 @@ def _run_sweep(args, config, model, spec, slo, budget: int, out: Path) -> int:
     print(sweep_table(rows), end="")
     print(f"wrote {out / 'sweep.json'}, sweep.md, sweep.png")
     return 0
-
-
-def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gpus = [row["gpus"] for row in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    ratios = [row["gpu_hours_ratio"] for row in rows]
-    spread = [  # the per-trace range around the ratio of the means
-        [r - row["gpu_hours_ratio_min"] for r, row in zip(ratios, rows, strict=True)],
-        [row["gpu_hours_ratio_max"] - r for r, row in zip(ratios, rows, strict=True)],
-    ]
-    left.errorbar(gpus, ratios, yerr=spread, marker="o", capsize=4)
-    left.axhline(1.0, color="grey", lw=0.8)
-    left.set(xscale="log", xlabel="GPUs (budget)", ylabel="GPU-hours, ours / best static",
-             title="cost (bars: range over the traces)")  # fmt: skip
-    right.plot(gpus, [row["slo_attainment_ours"] for row in rows], marker="o", label="ours")
-    right.plot(gpus, [row["slo_attainment_ray_default"] for row in rows], marker="s",
-               label="Ray default, best static split")  # fmt: skip
-    right.set(xscale="log", xlabel="GPUs (budget)", ylabel="SLO attainment", title="service")
-    right.legend(fontsize=8)
-    for axis in (left, right):
-        axis.set_xticks(gpus, [str(g) for g in gpus])
-        axis.minorticks_off()  # the log axis's own labels (2x10^2, ...) overlap the budgets'
-        axis.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def add_command(commands: Any) -> None:
@@ -337,6 +280,15 @@ def add_command(commands: Any) -> None:
         help="instead of one run: the comparison at each budget (replicas, comma-separated, "
         "e.g. 8,16,32,64), the trace's rates scaled by budget / --budget; writes sweep.json, "
         "sweep.md, sweep.png and the summary's `simulation_sweep` block",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="SWEEP_JSON",
+        help="with --sweep: run only our policy and take every other strategy's numbers from "
+        "this earlier sweep.json (the simulator is deterministic; a row is reused only where "
+        "the static strategies, traces, SLO and settings are the same: its fingerprint). "
+        "About 5x faster for trying our policy's settings; use --out elsewhere to keep the "
+        "committed results",
     )
     parser.add_argument(
         "--seeds",

@@ -7,18 +7,25 @@ attainment, and ours against Ray's default with the best static split, each on o
 traces of the same spec with different seeds: one trace's bursts and lulls decide a lot (the
 best split on one trace is not the best on the next), so the split is the one best over all
 of them, as an operator would fix it, and ours is reported per trace and on average.
+
+The simulator is deterministic, so a sweep that changes only our policy can take every other
+strategy's numbers from an earlier sweep (`baseline`): each row records a fingerprint of what
+those numbers depend on besides the simulator's code (the other strategies as built from the
+config, the performance model, the traces, the SLO and the settings), and a baseline row is
+used only where it matches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from statistics import fmean
 from typing import Any
 
 from cluster.autoscale.model import PerformanceModel
-from cluster.config import ClusterConfig
+from cluster.config import ClusterConfig, ConfigError
 from cluster.simulate import trace as traces
-from cluster.simulate.engine import Simulation
+from cluster.simulate.engine import Simulation, Strategy
 from cluster.simulate.result import SimulationResult
 from cluster.simulate.strategies import OURS, best_static, best_static_over, strategies
 from cluster.slo import Slo
@@ -52,13 +59,30 @@ def compare(
     budget: int,
     simulation_kwargs: dict[str, Any],
     progress: Callable[[str], None] = lambda _: None,
+    only: str | None = None,
 ) -> list[SimulationResult]:
-    """Every strategy (ours first) on one trace."""
+    """Every strategy (ours first) on one trace; `only`: that strategy alone."""
     results = []
     for strategy in strategies(config, model, slo, budget):
+        if only is not None and strategy.name != only:
+            continue
         progress(strategy.name)
         results.append(Simulation(strategy, model.pools, slo, **simulation_kwargs).run(requests))
     return results
+
+
+def baseline_fingerprint(
+    others: Sequence[Strategy],
+    model: PerformanceModel,
+    days: Sequence[traces.TraceSpec],
+    slo: Slo,
+    simulation_kwargs: Mapping[str, Any],
+) -> str:
+    """What the strategies other than ours yield depends on, besides the simulator's code: the
+    strategies, the performance model their replicas run at, the traces, SLO and settings."""
+    text = repr(([s for s in others if s.name != OURS], model, [d.model_dump() for d in days],
+                 slo, sorted(simulation_kwargs.items())))  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def ours_against_static(
@@ -72,18 +96,40 @@ def ours_against_static(
     split = best_static_over(runs)
     rows = []
     for seed, results in zip(seeds, runs, strict=True):
-        ours = next(r for r in results if r.strategy == OURS)
         static = next(r for r in results if r.strategy == split)
-        rows.append({
-            "seed": seed,
-            "requests": ours.requests,
-            "gpu_hours_ours": ours.gpu_hours,
-            "gpu_hours_ray_default": static.gpu_hours,
-            "gpu_hours_ratio": round(ours.gpu_hours / static.gpu_hours, 3),
-            "slo_attainment_ours": ours.slo_attainment,
-            "slo_attainment_ray_default": static.slo_attainment,
-            "best_split_of_this_trace": best_static(results).strategy,
-        })  # fmt: skip
+        rows.append(_trace_row(
+            seed, next(r for r in results if r.strategy == OURS), static.gpu_hours,
+            static.slo_attainment, best_static(results).strategy,
+        ))  # fmt: skip
+    return _over_traces(rows, split)
+
+
+def ours_against_baseline(ours: Sequence[SimulationResult], row: Mapping[str, Any]) -> dict:
+    """`ours_against_static` for new runs of ours (one per trace, in the order of the baseline
+    `row`'s traces), the static split's numbers taken from that row."""
+    rows = [
+        _trace_row(trace["seed"], result, trace["gpu_hours_ray_default"],
+                   trace["slo_attainment_ray_default"], trace["best_split_of_this_trace"])
+        for trace, result in zip(row["traces"], ours, strict=True)
+    ]  # fmt: skip
+    return _over_traces(rows, row["ray_default_split"])
+
+
+def _trace_row(seed, ours: SimulationResult, static_gpu_hours, static_slo, best_split) -> dict:
+    return {
+        "seed": seed,
+        "requests": ours.requests,
+        "gpu_hours_ours": ours.gpu_hours,
+        "gpu_hours_ray_default": static_gpu_hours,
+        "gpu_hours_ratio": round(ours.gpu_hours / static_gpu_hours, 3),
+        "slo_attainment_ours": ours.slo_attainment,
+        "slo_attainment_ray_default": static_slo,
+        "best_split_of_this_trace": best_split,
+    }
+
+
+def _over_traces(rows: list[dict[str, Any]], split: str) -> dict[str, Any]:
+    """The means over the traces' rows, the range of the GPU-hour ratio and the traces won."""
 
     def mean(key: str, digits: int) -> float:
         return round(fmean(row[key] for row in rows), digits)
@@ -128,28 +174,52 @@ def sweep(
     simulation_kwargs: dict[str, Any],
     progress: Callable[[str], None] = lambda _: None,
     seeds: int = 1,
+    baseline: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per budget (replicas), the trace scaled by `budget / base_budget`, each on
-    `seeds` traces (`seeded`)."""
+    `seeds` traces (`seeded`). With `baseline` (an earlier sweep's rows) only ours runs; the
+    other strategies' numbers come from the baseline row of the same budget and fingerprint
+    (`ConfigError` when there is none)."""
     gpus_per_replica = config.targets[0].accelerators_per_replica
     rows = []
     for budget in budgets:
+        sized = at_budget(config, budget)
         days = seeded(spec.scaled(budget / base_budget), seeds)
+        fingerprint = baseline_fingerprint(
+            strategies(sized, model, slo, budget), model, days, slo, simulation_kwargs
+        )
+        recorded = None
+        if baseline is not None:
+            recorded = next((r for r in baseline if r.get("budget_replicas") == budget
+                             and r.get("fingerprint") == fingerprint), None)  # fmt: skip
+            if recorded is None:
+                raise ConfigError(
+                    f"baseline: no row for {budget} replicas with the same static strategies, "
+                    f"traces, SLO and settings (fingerprint {fingerprint}): run the full sweep"
+                )
         runs, counts = [], []
         for day in days:
             requests = traces.generate(day)
             counts.append(len(requests))
             label = f"{budget} replicas, seed {day.seed}"
             runs.append(compare(
-                at_budget(config, budget), model, requests, slo, budget, simulation_kwargs,
+                sized, model, requests, slo, budget, simulation_kwargs,
                 lambda name, label=label: progress(f"{label}: {name}"),
+                only=OURS if recorded else None,
             ))  # fmt: skip
+        if recorded is None:
+            compared = ours_against_static(runs, [day.seed for day in days])
+            by_strategy = mean_by_strategy(runs)
+        else:
+            compared = ours_against_baseline([run[0] for run in runs], recorded)
+            by_strategy = {**recorded["strategies"], **mean_by_strategy(runs)}
         rows.append({
             "budget_replicas": budget,
             "gpus": budget * gpus_per_replica,
             "requests": round(fmean(counts)),
-            **ours_against_static(runs, [day.seed for day in days]),
-            "strategies": mean_by_strategy(runs),
+            **compared,
+            "strategies": by_strategy,
+            "fingerprint": fingerprint,
         })  # fmt: skip
     return rows
 

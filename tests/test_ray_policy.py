@@ -209,6 +209,24 @@ def test_budget_policy_through_rays_app_level_wrapper():
     assert set(states) == set(contexts)
 
 
+def test_a_pool_whose_replica_starts_does_not_freeze_its_budget_group():
+    instance = BudgetAutoscalingPolicy(
+        pools={"pool-speculative": {"group": "t", "role": "speculative", **KWARGS},
+               "pool-throughput": {"group": "t", "role": "throughput", **KWARGS}},
+        budgets={"t": 6},
+    )  # fmt: skip
+    starting = context({}, deployment="pool-speculative", current=1)  # none running yet
+    busy = context({R1: engine(40)})
+    decisions, _ = instance({starting.deployment_id: starting, busy.deployment_id: busy})
+    by_name = {d.name: n for d, n in decisions.items()}
+    # The starting pool holds its replica; the busy one grows within what the budget leaves.
+    assert by_name == {"pool-speculative": 1, "pool-throughput": 4}
+    # A running replica that has not reported is unknown load: then the group holds.
+    silent = context({R2: engine(0)}, deployment="pool-speculative", age_s={R2: 120.0})
+    decisions, _ = instance({silent.deployment_id: silent, busy.deployment_id: busy})
+    assert {d.name: n for d, n in decisions.items()}["pool-throughput"] == 1
+
+
 @pytest.mark.parametrize(
     ("stats", "better_than"),
     [
@@ -328,6 +346,28 @@ def test_observe_acceptance_counts_each_replicas_own_change():
     assert model.acceptance_scale == 1.0
     observe_acceptance(model, seen, [spec_engine(1, 110, 0), veteran], ["a", "b"])
     assert model.acceptance_scale < 1.0
+
+
+def test_observed_acceptance_is_judged_at_the_depth_drafted():
+    model = PerformanceModel.load(PROFILE).pools["speculative"]
+    first = model.acceptance_per_position[0]
+
+    def engine_at(depth: int, drafts: int) -> dict[str, float]:
+        # The calibrated acceptance of a one-token draft, drafted at `depth`.
+        counters = SpecCounters(drafts=drafts, draft_tokens=depth * drafts,
+                                accepted=round(first * drafts))  # fmt: skip
+        return EngineStats(running=8, speculation=counters).as_metrics()
+
+    # A dynamic schedule drafting one token at this batch: the drafter is as calibrated.
+    seen = observe_acceptance(model, None, [engine_at(1, 1000)], ["a"])
+    observe_acceptance(model, seen, [engine_at(1, 11000)], ["a"])
+    assert model.acceptance_scale == pytest.approx(1.0, abs=0.01)
+    # The same acceptance at full depth: the later positions accepted nothing, a worse drafter.
+    depth = model.depth_at(1)
+    assert depth > 1
+    seen = observe_acceptance(model, None, [engine_at(depth, 1000)], ["a"])
+    observe_acceptance(model, seen, [engine_at(depth, 11000)], ["a"])
+    assert model.acceptance_scale < 0.99
 
 
 def test_model_policy_kwargs_name_the_profile_and_pool():

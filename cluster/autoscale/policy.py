@@ -255,7 +255,7 @@ def replica_slowdown(stats: Mapping[str, float]) -> float:
     return load / (1.0 - min(pressure, KV_FULL))
 
 
-SPEC_COUNTERS = ("spec_drafts", "spec_accepted_tokens")
+SPEC_COUNTERS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 """Cumulative engine counters (`EngineStats.as_metrics()`) behind the online acceptance."""
 
 
@@ -271,23 +271,27 @@ def observe_acceptance(
     The engines' counters are cumulative per replica, so the drafts and accepted tokens since
     the last call are each replica's own change: a replica seen for the first time only sets
     its baseline, one whose counters went down (restarted) is skipped, and one that left
-    takes nothing with it. `replica_ids` name `stats` in order (default: their positions)."""
+    takes nothing with it. `replica_ids` name `stats` in order (default: their positions).
+    The acceptance is compared at the depth the engines drafted (drafted tokens / drafts): a
+    dynamic schedule drafts less at larger batches, where fewer accepted tokens are no sign of
+    a worse drafter."""
     ids = list(replica_ids) or [str(i) for i in range(len(stats))]
     current = {
         replica: {name: _stat(s, name) for name in SPEC_COUNTERS}
         for replica, s in zip(ids, stats, strict=True)
     }
-    drafts = accepted = 0.0
+    totals = dict.fromkeys(SPEC_COUNTERS, 0.0)
     for replica, counters in current.items():
         before = (previous or {}).get(replica)
         if before is None:
             continue
-        new_drafts = counters["spec_drafts"] - before.get("spec_drafts", 0.0)
-        new_accepted = counters["spec_accepted_tokens"] - before.get("spec_accepted_tokens", 0.0)
-        if new_drafts < 0 or new_accepted < 0:
+        change = {name: counters[name] - before.get(name, 0.0) for name in SPEC_COUNTERS}
+        if any(value < 0 for value in change.values()):
             continue
-        drafts += new_drafts
-        accepted += new_accepted
+        for name, value in change.items():
+            totals[name] += value
+    drafts = totals["spec_drafts"]
     if drafts > 0:
-        model.observe(1 + accepted / drafts, None)
+        depth = max(1, round(totals["spec_draft_tokens"] / drafts))
+        model.observe(1 + totals["spec_accepted_tokens"] / drafts, None, depth=depth)
     return current

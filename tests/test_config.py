@@ -214,6 +214,21 @@ def test_cores_per_replica_reach_each_replica_by_rank():
     assert [replica_cores(per_replica, rank) for rank in range(3)] == ["0", "1-2", "0"]
 
 
+def test_a_new_replica_never_takes_the_cores_a_running_one_holds(tmp_path):
+    from cluster.deployments.pool_server import claim_cores
+
+    def claim(rank):
+        return claim_cores("0;1", rank, tmp_path, "pool")
+
+    first, second = claim(0), claim(1)
+    assert (first[0], second[0]) == ("0", "1")
+    first[1].close()  # rank 0 scales down; Serve renumbers the survivor (on "1") to rank 0
+    third = claim(1)  # so the next replica gets rank 1, whose entry the survivor holds
+    assert third[0] == "0"
+    assert claim(0) == ("0", None)  # every entry held: by rank, said in the log
+    assert claim_cores("0;1", 0, tmp_path, "other-pool")[0] == "0"  # deployments apart
+
+
 @pytest.mark.parametrize(
     ("command", "shown"),
     [

@@ -96,8 +96,9 @@ class EngineConfig(Strict):
 
     cpu_cores_per_replica: list[str] | None = None
     """CPU only: the cores of each replica when several share a machine, by replica rank (rank
-    r binds to entry r mod the list's length; e.g. `["0", "1"]` for two one-core replicas).
-    Replaces `cpu_omp_threads_bind`, which every replica of a pool shares."""
+    r binds to entry r mod the list's length; e.g. `["0", "1"]` for two one-core replicas),
+    skipping entries that a running replica of the pool holds (Serve renumbers ranks after a
+    scale-down). Replaces `cpu_omp_threads_bind`, which every replica of a pool shares."""
 
     @model_validator(mode="after")
     def _one_core_binding(self) -> EngineConfig:

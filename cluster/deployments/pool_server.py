@@ -8,12 +8,15 @@ requests, KV cache usage and speculation counters reach Serve's request router
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import logging
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 from ray.serve.llm import LLMConfig, LLMServer
@@ -117,21 +120,53 @@ def replica_cores(per_replica: str, rank: int) -> str:
     return entries[rank % len(entries)]
 
 
+def claim_cores(
+    per_replica: str, rank: int, lock_dir: Path, namespace: str
+) -> tuple[str, IO[str] | None]:
+    """This replica's core list and the lock that holds it: the first entry from its rank's on
+    that no live replica of the deployment holds (an flock per entry, released when the
+    process ends), else its rank's (every entry held). Serve renumbers ranks after a
+    scale-down to keep them contiguous, so a new replica may get the rank that a running
+    replica bound its engine by: the rank alone would put two engines on one core."""
+    entries = per_replica.split(";")
+    for offset in range(len(entries)):
+        index = (rank + offset) % len(entries)
+        lock = (lock_dir / f"cluster-cores-{namespace}-{index}.lock").open("a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        return entries[index], lock
+    return replica_cores(per_replica, rank), None
+
+
+_HELD_CORES: list[IO[str]] = []
+"""The lock on this replica's cores, held while its process lives."""
+
+
 def bind_replica_cores() -> None:
     """Point vLLM's OpenMP binding at this replica's cores (before the engine starts: its
-    process inherits the environment). Ranks are per deployment, so two replicas of a pool on
-    one machine get different entries."""
+    process inherits the environment): `claim_cores` among the replicas of its deployment in
+    this Ray cluster on this machine."""
     per_replica = os.environ.get(CORES_PER_REPLICA_ENV)
     if not per_replica:
         return
+    import ray
     from ray import serve
 
-    rank = serve.get_replica_context().rank
-    rank = getattr(rank, "local_rank", rank)  # a ReplicaRank since Ray 2.5x, an int before
+    context = serve.get_replica_context()
+    rank = getattr(context.rank, "local_rank", context.rank)  # ReplicaRank since Ray 2.5x
     if rank is None:
         logger.warning("Serve gave this replica no rank; binding it like rank 0")
         rank = 0
-    cores = replica_cores(per_replica, int(rank))
+    scope = f"{ray.get_runtime_context().gcs_address}|{context.app_name}|{context.deployment}"
+    namespace = hashlib.sha256(scope.encode()).hexdigest()[:16]
+    cores, lock = claim_cores(per_replica, int(rank), Path(tempfile.gettempdir()), namespace)
+    if lock is None:
+        logger.warning("every core entry is held; binding by rank %s like another replica", rank)
+    else:
+        _HELD_CORES.append(lock)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
     logger.info("replica of local rank %s binds its engine to cores %s", rank, cores)
 

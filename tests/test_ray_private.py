@@ -93,3 +93,20 @@ def test_router_hooks_the_least_slowdown_router_uses():
     # Within a rank Serve takes the shortest accepting queue; ranks are tried in order.
     source = inspect.getsource(RequestRouter._select_from_candidate_replicas)
     assert "queue_len < r.max_ongoing_requests" in source
+
+
+def test_engine_stats_add_up_every_engine_and_the_deferred_waiting():
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from cluster.deployments.pool_server import EngineStatsLogger
+
+    stats = EngineStatsLogger(None, [0, 1])
+    stats.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.2), None)
+    stats.record(
+        SchedulerStats(num_running_reqs=5, num_waiting_reqs=0, num_skipped_waiting_reqs=2,
+                       kv_cache_usage=0.7), None, engine_idx=1,
+    )  # fmt: skip
+    assert (stats.stats.running, stats.stats.waiting) == (8, 3)
+    assert stats.stats.kv_cache_usage == 0.7  # the fullest engine: where new requests wait
+    stats.record(SchedulerStats(num_running_reqs=1, kv_cache_usage=0.1), None)  # engine 0 again
+    assert (stats.stats.running, stats.stats.waiting) == (6, 2)

@@ -39,12 +39,22 @@ class EngineStatsLogger(AggregateStatLoggerBase):
 
     def __init__(self, vllm_config: Any, engine_indexes: list[int]):
         self.stats = EngineStats()
+        self._latest: dict[int, tuple[int, int, float]] = {}
+        """Per engine (several with data parallel): running, waiting, KV cache usage."""
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
         if scheduler_stats is not None:
-            self.stats.running = scheduler_stats.num_running_reqs
-            self.stats.waiting = scheduler_stats.num_waiting_reqs
-            self.stats.kv_cache_usage = scheduler_stats.kv_cache_usage
+            # Waiting counts the deferred requests too, as vLLM's own Prometheus gauge does.
+            self._latest[engine_idx] = (
+                scheduler_stats.num_running_reqs,
+                scheduler_stats.num_waiting_reqs
+                + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0),
+                scheduler_stats.kv_cache_usage,
+            )
+            engines = self._latest.values()
+            self.stats.running = sum(running for running, _, _ in engines)
+            self.stats.waiting = sum(waiting for _, waiting, _ in engines)
+            self.stats.kv_cache_usage = max(usage for _, _, usage in engines)
             spec = scheduler_stats.spec_decoding_stats
             if spec is not None:
                 self.stats.speculation += SpecCounters(

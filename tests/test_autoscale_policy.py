@@ -22,8 +22,13 @@ from cluster.autoscale.policy import (
     PoolScalingTarget,
     desired_replicas,
     fewest_replicas,
+    observe_acceptance,
 )
+from cluster.autoscale.signals import EngineStats
+from cluster.speculation import SpecCounters
 from tests.test_perf_model import UNDRAFTED_PROFILE as PROFILE  # pools that differ when idle
+from tests.test_ray_policy import PROFILE as EMBEDDED_PROFILE
+from tests.test_ray_policy import spec_engine
 
 MODELS = PerformanceModel.load(PROFILE).pools
 SPEC, THR = MODELS["speculative"], MODELS["throughput"]
@@ -307,3 +312,42 @@ def test_utilization_leaves_room_in_every_replica():
     target = replace(TARGET, target_per_user_tok_s=0.1, utilization=0.5)
     assert desired_replicas(busy(1, 16), SPEC, target).replicas == 2
     assert desired_replicas(busy(1, 16), SPEC, replace(target, utilization=1.0)).replicas == 1
+
+
+def test_observe_acceptance_counts_each_replicas_own_change():
+    model = PerformanceModel.load(EMBEDDED_PROFILE).pools["speculative"]
+    seen = observe_acceptance(model, None, [spec_engine(1, 100, 50)], ["a"])
+    assert model.acceptance_scale == 1.0  # the first look has nothing to compare with
+    seen = observe_acceptance(model, seen, [spec_engine(1, 10, 0)], ["a"])  # restarted
+    assert model.acceptance_scale == 1.0 and seen["a"]["spec_drafts"] == 10
+    # Replica b joins with a long history, c leaves: neither moves the estimate; a's own
+    # 100 drafts with nothing accepted do.
+    veteran = spec_engine(1, 5000, 9000)
+    seen = observe_acceptance(
+        model, seen | {"c": seen["a"]}, [spec_engine(1, 10, 0), veteran], ["a", "b"]
+    )
+    assert model.acceptance_scale == 1.0
+    observe_acceptance(model, seen, [spec_engine(1, 110, 0), veteran], ["a", "b"])
+    assert model.acceptance_scale < 1.0
+
+
+def test_observed_acceptance_is_judged_at_the_depth_drafted():
+    model = PerformanceModel.load(EMBEDDED_PROFILE).pools["speculative"]
+    first = model.acceptance_per_position[0]
+
+    def engine_at(depth: int, drafts: int) -> dict[str, float]:
+        # The calibrated acceptance of a one-token draft, drafted at `depth`.
+        counters = SpecCounters(drafts=drafts, draft_tokens=depth * drafts,
+                                accepted=round(first * drafts))  # fmt: skip
+        return EngineStats(running=8, speculation=counters).as_metrics()
+
+    # A dynamic schedule drafting one token at this batch: the drafter is as calibrated.
+    seen = observe_acceptance(model, None, [engine_at(1, 1000)], ["a"])
+    observe_acceptance(model, seen, [engine_at(1, 11000)], ["a"])
+    assert model.acceptance_scale == pytest.approx(1.0, abs=0.01)
+    # The same acceptance at full depth: the later positions accepted nothing, a worse drafter.
+    depth = model.depth_at(1)
+    assert depth > 1
+    seen = observe_acceptance(model, None, [engine_at(depth, 1000)], ["a"])
+    observe_acceptance(model, seen, [engine_at(depth, 11000)], ["a"])
+    assert model.acceptance_scale < 0.99

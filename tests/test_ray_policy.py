@@ -17,7 +17,6 @@ from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingP
 
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import (
-    observe_acceptance,
     replica_slowdown,
 )
 from cluster.autoscale.ray_policy import (
@@ -329,45 +328,6 @@ def test_model_policy_follows_the_measured_acceptance():
     assert instance.pool.model.acceptance_scale < 0.2
     # Without speculation's lift 2 per replica miss the rate: the pool grows past 2 replicas.
     assert decisions[0] == 2 and decisions[-1] > 2
-
-
-def test_observe_acceptance_counts_each_replicas_own_change():
-    model = PerformanceModel.load(PROFILE).pools["speculative"]
-    seen = observe_acceptance(model, None, [spec_engine(1, 100, 50)], ["a"])
-    assert model.acceptance_scale == 1.0  # the first look has nothing to compare with
-    seen = observe_acceptance(model, seen, [spec_engine(1, 10, 0)], ["a"])  # restarted
-    assert model.acceptance_scale == 1.0 and seen["a"]["spec_drafts"] == 10
-    # Replica b joins with a long history, c leaves: neither moves the estimate; a's own
-    # 100 drafts with nothing accepted do.
-    veteran = spec_engine(1, 5000, 9000)
-    seen = observe_acceptance(
-        model, seen | {"c": seen["a"]}, [spec_engine(1, 10, 0), veteran], ["a", "b"]
-    )
-    assert model.acceptance_scale == 1.0
-    observe_acceptance(model, seen, [spec_engine(1, 110, 0), veteran], ["a", "b"])
-    assert model.acceptance_scale < 1.0
-
-
-def test_observed_acceptance_is_judged_at_the_depth_drafted():
-    model = PerformanceModel.load(PROFILE).pools["speculative"]
-    first = model.acceptance_per_position[0]
-
-    def engine_at(depth: int, drafts: int) -> dict[str, float]:
-        # The calibrated acceptance of a one-token draft, drafted at `depth`.
-        counters = SpecCounters(drafts=drafts, draft_tokens=depth * drafts,
-                                accepted=round(first * drafts))  # fmt: skip
-        return EngineStats(running=8, speculation=counters).as_metrics()
-
-    # A dynamic schedule drafting one token at this batch: the drafter is as calibrated.
-    seen = observe_acceptance(model, None, [engine_at(1, 1000)], ["a"])
-    observe_acceptance(model, seen, [engine_at(1, 11000)], ["a"])
-    assert model.acceptance_scale == pytest.approx(1.0, abs=0.01)
-    # The same acceptance at full depth: the later positions accepted nothing, a worse drafter.
-    depth = model.depth_at(1)
-    assert depth > 1
-    seen = observe_acceptance(model, None, [engine_at(depth, 1000)], ["a"])
-    observe_acceptance(model, seen, [engine_at(depth, 11000)], ["a"])
-    assert model.acceptance_scale < 0.99
 
 
 def test_model_policy_kwargs_name_the_profile_and_pool():

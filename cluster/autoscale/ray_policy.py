@@ -64,15 +64,16 @@ def _latest_timestamps(ctx: Any) -> dict[Any, float]:
 
 def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolScalingState:
     """A `PoolScalingState` from Serve's `AutoscalingContext`: one stats dict per running replica
-    that reported within `stale_after_s` (`ctx.aggregated_metrics` is {metric: {replica_id:
-    value averaged over look_back_period_s}})."""
+    that has reported (`ctx.aggregated_metrics` is {metric: {replica_id: value averaged over
+    look_back_period_s}}, a replica's last report however old), taken at the newest report
+    within `stale_after_s` (none: stale, the pool holds). A replica that stopped reporting
+    counts at its last known load: dropped, a busy replica gone quiet would read as idle."""
     now = ctx.current_time if ctx.current_time is not None else time.time()
     aggregated = ctx.aggregated_metrics or {}
     latest = _latest_timestamps(ctx)
     stats, replica_ids = [], []
     for replica_id in ctx.running_replicas:
-        reported = latest.get(replica_id)
-        if reported is None or now - reported > stale_after_s:
+        if replica_id not in latest:
             continue
         values = {
             name: float(by_replica[replica_id])

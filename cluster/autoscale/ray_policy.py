@@ -84,10 +84,11 @@ def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolSc
             stats.append(values)
             replica_ids.append(str(replica_id))
     fresh = [t for t in latest.values() if now - t <= stale_after_s]
-    stats_at_s = max(fresh) if stats and fresh else None
-    if not ctx.running_replicas:  # nothing runs, so nothing is missing: the load known is none
-        # (as the simulator sees a pool whose replicas all start). Stale, a pool whose replica
-        # loads a large model for minutes would hold its whole budget group all that time.
+    if ctx.running_replicas:
+        stats_at_s = max(fresh) if stats and fresh else None
+    else:  # nothing runs, so nothing is missing: the load known is none (as the simulator
+        # sees a pool whose replicas all start). Stale, a pool whose replica loads a large
+        # model for minutes would hold its whole budget group all that time.
         stats_at_s = now
     return PoolScalingState(
         # Serve's target (running or starting): `current_num_replicas` counts running ones

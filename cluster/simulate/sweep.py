@@ -72,15 +72,16 @@ def compare(
 
 
 def baseline_fingerprint(
-    others: Sequence[Strategy],
+    compared: Sequence[Strategy],
     model: PerformanceModel,
     days: Sequence[traces.TraceSpec],
     slo: Slo,
     simulation_kwargs: Mapping[str, Any],
 ) -> str:
-    """What the strategies other than ours yield depends on, besides the simulator's code: the
-    strategies, the performance model their replicas run at, the traces, SLO and settings."""
-    text = repr(([s for s in others if s.name != OURS], model, [d.model_dump() for d in days],
+    """What the `compared` strategies other than ours yield depends on, besides the simulator's
+    code: those strategies, the performance model their replicas run at, the traces, SLO and
+    settings."""
+    text = repr(([s for s in compared if s.name != OURS], model, [d.model_dump() for d in days],
                  slo, sorted(simulation_kwargs.items())))  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

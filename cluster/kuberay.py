@@ -242,12 +242,25 @@ def _head(config: ClusterConfig, name: str, image: str, service_account: str) ->
 
 
 def _serve_config(config: ClusterConfig) -> dict[str, Any]:
-    from cluster.deployments.app import INGRESS_DEPLOYMENT, app_autoscaling_policy, ingress_options
+    from cluster.deployments.app import (
+        INGRESS_DEPLOYMENT,
+        app_autoscaling_policy,
+        fixed_ingress_scaling,
+        ingress_options,
+    )
 
     options = ingress_options(config)
+    policy = app_autoscaling_policy(config)
+    replicas = config.kubernetes.ingress_replicas
     ingress = {
         "name": INGRESS_DEPLOYMENT,
-        "num_replicas": config.kubernetes.ingress_replicas,
+        # With an app policy the count is fixed by an autoscaling config (which reports the
+        # ingress's queues to the policy); Serve refuses num_replicas beside one.
+        **(
+            {"autoscaling_config": fixed_ingress_scaling(replicas)}
+            if policy is not None
+            else {"num_replicas": replicas}
+        ),
         "ray_actor_options": {**options["ray_actor_options"], "resources": {INGRESS_RESOURCE: 1}},
         "graceful_shutdown_timeout_s": options["graceful_shutdown_timeout_s"],
     }
@@ -258,7 +271,6 @@ def _serve_config(config: ClusterConfig) -> dict[str, Any]:
         "args": {"config": serve_args_config(config)},
         "deployments": [ingress],
     }
-    policy = app_autoscaling_policy(config)
     if policy is not None:  # replica budgets: only a declarative deploy takes an app policy
         application["autoscaling_policy"] = policy
     return {

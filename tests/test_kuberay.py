@@ -135,7 +135,14 @@ def test_ingress_runs_on_a_cpu_group_spread_over_zones(preset, replicas):
     assert "kubernetes.io/hostname" in spread
     # The ingress deployment: one replica per ingress pod, pinned by the custom resource.
     ingress = next(d for d in serve_app(documents)["deployments"] if d["name"] == "ingress")
-    assert ingress["num_replicas"] == replicas
+    # A fixed count; beside an app-level policy as a min = max autoscaling config, so Serve
+    # pushes the ingress's gate queues to the policy (and refuses num_replicas beside it).
+    scaling = ingress.get("autoscaling_config")
+    if "autoscaling_policy" in serve_app(documents):
+        assert scaling["min_replicas"] == scaling["max_replicas"] == replicas
+        assert "num_replicas" not in ingress
+    else:
+        assert ingress["num_replicas"] == replicas and scaling is None
     assert ingress["ray_actor_options"]["resources"] == {INGRESS_RESOURCE: 1}
     # The head runs no workloads, so the ingress has nowhere else to go.
     head = documents[0]["spec"]["rayClusterConfig"]["headGroupSpec"]
@@ -292,3 +299,5 @@ def test_serve_config_is_valid_for_serve_and_carries_the_budget_policy(preset):
     assert isinstance(instance, BudgetAutoscalingPolicy)
     assert instance.budgets == {t.id: t.replica_budget for t in config.targets}
     assert set(instance.pools) == {f"pool-{p.name}" for p in config.pools}
+    # The ingress the policy reads its queues from is deployed under that name.
+    assert any(d["name"] == instance.ingress for d in serve_app(documents)["deployments"])

@@ -226,6 +226,40 @@ def test_a_pool_whose_replica_starts_does_not_freeze_its_budget_group():
     assert {d.name: n for d, n in decisions.items()}["pool-throughput"] == 1
 
 
+def test_budget_policy_adds_the_requests_queued_at_the_ingress_to_each_pool():
+    kwargs = {"upscale_cooldown_s": 0, "downscale_cooldown_s": 0}
+    instance = BudgetAutoscalingPolicy(
+        pools={"pool-speculative": {"group": "t", "role": "speculative",
+                                    "target_running_per_replica": 4, **kwargs},
+               "pool-throughput": {"group": "t", "role": "throughput",
+                                   "target_running_per_replica": 8, **kwargs}},
+        budgets={"t": 6},
+        ingress="ingress",
+    )  # fmt: skip
+    spec = replica("s1", "pool-speculative")
+    i1, i2, i3 = (replica(n, "ingress") for n in ("i1", "i2", "i3"))
+    queues = {
+        i1: {"queued:pool-throughput": 20.0, "queued:pool-speculative": 0.0},
+        i2: {"queued:pool-throughput": 4.0, "queued:pool-speculative": 0.0},
+        i3: {"queued:pool-throughput": 90.0},  # gone quiet: its queue is not counted
+    }
+    ingress = context(queues, deployment="ingress", age_s={i3: 120.0})
+    pools = [context({spec: engine(4)}, deployment="pool-speculative"), context({R1: engine(8)})]
+    contexts = {c.deployment_id: c for c in (*pools, ingress)}
+    with serve_log() as records:
+        decisions, _ = instance(contexts)
+    # The throughput pool holds 8 and 20 + 4 wait for it at the ingress: 32 / 8 = 4 replicas.
+    assert {d.name: n for d, n in decisions.items()} == {
+        "pool-speculative": 1, "pool-throughput": 4,
+    }  # fmt: skip
+    line = next(r.getMessage() for r in records if "pool=pool-throughput" in r.getMessage())
+    assert '"queued": 24' in line and '"demand": 32' in line
+    # Without the ingress's reports the pool sees only what its replicas hold.
+    del contexts[ingress.deployment_id]
+    decisions, _ = instance(contexts)
+    assert {d.name: n for d, n in decisions.items()}["pool-throughput"] == 1
+
+
 @pytest.mark.parametrize(
     ("stats", "better_than"),
     [

@@ -173,6 +173,7 @@ def desired_replicas(
     inputs: dict[str, Any] = {
         "replicas": state.replicas,
         "demand": state.demand,
+        "queued": state.queued,
         "sizing_demand": demand,
         "stats_age_s": state.stats_age_s,
         "target_rate": target.target_rate,

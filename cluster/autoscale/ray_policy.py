@@ -37,6 +37,7 @@ from cluster.autoscale.policy import (
     desired_replicas,
     observe_acceptance,
 )
+from cluster.autoscale.signals import INGRESS_QUEUE_PREFIX
 
 logger = logging.getLogger("ray.serve")
 
@@ -62,12 +63,33 @@ def _latest_timestamps(ctx: Any) -> dict[Any, float]:
     return latest
 
 
-def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolScalingState:
+def ingress_queues(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> dict[str, int]:
+    """Requests waiting at the ingress's gates, by pool deployment name, from the ingress
+    deployment's context: each running ingress replica's latest report (`queued:<deployment>`,
+    `ClusterIngress.record_autoscaling_stats`) within `stale_after_s`, summed. The latest, not
+    Serve's average over its look-back: a burst's queue is what a scale-up must see now."""
+    now = ctx.current_time if ctx.current_time is not None else time.time()
+    queued: dict[str, float] = {}
+    for name, series_by_replica in (ctx.raw_metrics or {}).items():
+        if not name.startswith(INGRESS_QUEUE_PREFIX):
+            continue
+        deployment = name.removeprefix(INGRESS_QUEUE_PREFIX)
+        for replica_id in ctx.running_replicas:
+            series = series_by_replica.get(replica_id)
+            if series and now - series[-1].timestamp <= stale_after_s:
+                queued[deployment] = queued.get(deployment, 0.0) + float(series[-1].value)
+    return {deployment: round(n) for deployment, n in queued.items()}
+
+
+def pool_state(
+    ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S, queued: int = 0
+) -> PoolScalingState:
     """A `PoolScalingState` from Serve's `AutoscalingContext`: one stats dict per running replica
     that has reported (`ctx.aggregated_metrics` is {metric: {replica_id: value averaged over
     look_back_period_s}}, a replica's last report however old), taken at the newest report
     within `stale_after_s` (none: stale, the pool holds). A replica that stopped reporting
-    counts at its last known load: dropped, a busy replica gone quiet would read as idle."""
+    counts at its last known load: dropped, a busy replica gone quiet would read as idle.
+    `queued`: requests waiting for the pool before Serve sees them (`ingress_queues`)."""
     now = ctx.current_time if ctx.current_time is not None else time.time()
     aggregated = ctx.aggregated_metrics or {}
     latest = _latest_timestamps(ctx)
@@ -98,6 +120,7 @@ def pool_state(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> PoolSc
         replica_ids=tuple(replica_ids),
         now_s=now,
         stats_at_s=stats_at_s,
+        queued=queued,
         last_scale_up_s=ctx.last_scale_up_time,
         last_scale_down_s=ctx.last_scale_down_time,
     )
@@ -170,10 +193,14 @@ class _Pool:
         self.counters: dict[str, dict[str, float]] | None = None
         self.window = DemandWindow(float(kwargs.get("demand_window_s", 0.0)))
 
-    def state(self, ctx: Any) -> PoolScalingState:
-        """The pool's state now, with the peak demand of its window (updated once per call:
-        call it once per tick)."""
-        state = pool_state(ctx, float(self.kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S)))
+    @property
+    def stale_after_s(self) -> float:
+        return float(self.kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S))
+
+    def state(self, ctx: Any, queued: int = 0) -> PoolScalingState:
+        """The pool's state now (`queued` at the ingress), with the peak demand of its window
+        (updated once per call: call it once per tick)."""
+        state = pool_state(ctx, self.stale_after_s, queued)
         if not state.stats:  # stale or no replica: no demand was measured
             return state
         return replace(state, peak_demand=self.window.observe(state.now_s, state.demand))
@@ -239,24 +266,41 @@ class BudgetAutoscalingPolicy:
 
     kwargs: `pools`: {deployment name: {"group": target id, "role": `speculative` or
     `throughput`, plus `PoolAutoscalingPolicy` kwargs}}, `budgets`: {target id: most replicas
-    of that target's pools together}, `log_interval_s`. Deployments not in `pools` are left
-    alone (no decision)."""
+    of that target's pools together}, `ingress`: the ingress deployment's name, whose reports
+    (`ingress_queues`) add the requests waiting at its gates to each pool's demand,
+    `log_interval_s`. Deployments not in `pools` are left alone (no decision)."""
 
     def __init__(self, **kwargs: Any):
         self.pools: dict[str, dict[str, Any]] = kwargs.get("pools", {})
         self.budgets: dict[str, int] = kwargs.get("budgets", {})
+        self.ingress: str | None = kwargs.get("ingress")
         self.log_interval_s = float(kwargs.get("log_interval_s", 60.0))
         self.tracked = {name: _Pool(pool_kwargs) for name, pool_kwargs in self.pools.items()}
+
+    def _ingress_queues(self, contexts: dict[Any, Any]) -> dict[str, int]:
+        """Requests waiting at the ingress for each pool (unknown: none)."""
+        ingress = next((c for c in contexts.values() if c.deployment_name == self.ingress), None)
+        if ingress is None:
+            return {}
+        stale_after_s = min((p.stale_after_s for p in self.tracked.values()),
+                            default=DEFAULT_STALE_AFTER_S)  # fmt: skip
+        try:
+            return ingress_queues(ingress, stale_after_s)
+        except Exception:
+            logger.exception(f"{DECISION_LOG_PREFIX}* cannot read the ingress's queues")
+            return {}
 
     def _role_order(self, ctx: Any) -> int:
         return 0 if self.pools[ctx.deployment_name].get("role") == "speculative" else 1
 
     def __call__(self, contexts: dict[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict]]:
         ours = {d: ctx for d, ctx in contexts.items() if ctx.deployment_name in self.pools}
+        queued = self._ingress_queues(contexts)
         states: dict[Any, PoolScalingState] = {}
         for d, ctx in ours.items():
+            pool = self.tracked[ctx.deployment_name]
             with contextlib.suppress(Exception):  # `decide` falls back and logs on its own
-                states[d] = self.tracked[ctx.deployment_name].state(ctx)
+                states[d] = pool.state(ctx, queued.get(ctx.deployment_name, 0))
         decisions = {
             d: self.tracked[ctx.deployment_name].decide(ctx, states.get(d))
             for d, ctx in ours.items()

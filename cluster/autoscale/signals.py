@@ -43,3 +43,13 @@ class EngineStats:
             "finished_requests": float(self.finished_requests),
             **self.speculation.as_metrics(),
         }
+
+
+INGRESS_QUEUE_PREFIX = "queued:"
+"""Start of the ingress's autoscaling metrics: `queued:<pool deployment>` is how many requests
+wait at one ingress replica's gate for that pool (read by the application-level policy)."""
+
+
+def ingress_queue_metric(deployment: str) -> str:
+    """The ingress's metric name for requests waiting for the pool deployed as `deployment`."""
+    return f"{INGRESS_QUEUE_PREFIX}{deployment}"

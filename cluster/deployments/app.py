@@ -145,8 +145,15 @@ def app_autoscaling_policy(config: ClusterConfig) -> dict[str, Any] | None:
     }
     return {
         "policy_function": BUDGET_POLICY,
-        "policy_kwargs": {"pools": pools, "budgets": budgets},
+        "policy_kwargs": {"pools": pools, "budgets": budgets, "ingress": INGRESS_DEPLOYMENT},
     }
+
+
+def fixed_ingress_scaling(replicas: int) -> dict[str, Any]:
+    """The ingress's `autoscaling_config` under an application-level policy: a fixed count
+    (min = max). It scales nothing; Serve pushes a deployment's `record_autoscaling_stats`
+    only when it has one, and the policy needs the ingress's gate queues."""
+    return {"min_replicas": replicas, "max_replicas": replicas, "initial_replicas": replicas}
 
 
 def request_router_config(pool: PoolConfig) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.autoscale.model import PerformanceModel
+from cluster.autoscale.signals import ingress_queue_metric
 from cluster.config import RoutingConfig, ServerConfig, TelemetryConfig
 from cluster.deployments.operator_api import ROUTE_LOG_SIZE, RouteRecord, operator_endpoints
 from cluster.request import protocol, streaming
@@ -231,6 +232,17 @@ def ingress_class(server: ServerConfig) -> type:
                 media_type="text/event-stream",
                 headers=headers,
             )
+
+        async def record_autoscaling_stats(self) -> dict[str, float]:
+            """Requests waiting at this replica's gates, per pool deployment, for the
+            application-level autoscaling policy: the queue a pool's own replicas cannot report.
+            Serve pushes it only where the ingress has an autoscaling config (`app.
+            ingress_options`, with an app policy) and disables it for good after one result
+            that is not a dict of numbers: plain counts cannot be anything else."""
+            return {
+                ingress_queue_metric(ref.deployment): float(self._pools.gates[name].queued)
+                for name, ref in self._pools.pools.items()
+            }
 
         def _finished(self, trace: RequestTrace, target: str, pool: str, error) -> None:
             """End a streamed request's trace and count it against the SLO, if one is set."""

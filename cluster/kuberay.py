@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cluster.config import ClusterConfig, PoolConfig, map_local_paths
+from cluster.config import ClusterConfig, PoolConfig
 from cluster.kuberay_objects import (
     HEAD_METRICS_PORTS,
     INGRESS_GROUP,
@@ -242,37 +242,17 @@ def _head(config: ClusterConfig, name: str, image: str, service_account: str) ->
 
 
 def _serve_config(config: ClusterConfig) -> dict[str, Any]:
-    from cluster.deployments.app import (
-        INGRESS_DEPLOYMENT,
-        app_autoscaling_policy,
-        fixed_ingress_scaling,
-        ingress_options,
-    )
+    from cluster.deployments.app import ingress_options, serve_application
 
-    options = ingress_options(config)
-    policy = app_autoscaling_policy(config)
-    replicas = config.kubernetes.ingress_replicas
-    ingress = {
-        "name": INGRESS_DEPLOYMENT,
-        # With an app policy the count is fixed by an autoscaling config (which reports the
-        # ingress's queues to the policy); Serve refuses num_replicas beside one.
-        **(
-            {"autoscaling_config": fixed_ingress_scaling(replicas)}
-            if policy is not None
-            else {"num_replicas": replicas}
-        ),
-        "ray_actor_options": {**options["ray_actor_options"], "resources": {INGRESS_RESOURCE: 1}},
-        "graceful_shutdown_timeout_s": options["graceful_shutdown_timeout_s"],
-    }
-    application = {
-        "name": config.server.app_name,
-        "route_prefix": "/",
-        "import_path": "cluster.deployments.app:app_builder",
-        "args": {"config": serve_args_config(config)},
-        "deployments": [ingress],
-    }
-    if policy is not None:  # replica budgets: only a declarative deploy takes an app policy
-        application["autoscaling_policy"] = policy
+    application = serve_application(
+        config,
+        serve_args_config(config),
+        ingress_replicas=config.kubernetes.ingress_replicas,
+        ingress_actor_options={
+            **ingress_options(config)["ray_actor_options"],
+            "resources": {INGRESS_RESOURCE: 1},
+        },
+    )
     return {
         "http_options": {"host": "0.0.0.0", "port": config.server.port},
         "applications": [application],
@@ -360,9 +340,10 @@ def serve_args_config(config: ClusterConfig) -> dict[str, Any]:
     become relative to the project root, which the app resolves against (its working directory
     in the image); S3 URIs, what production configs use, pass through unchanged. Required API
     keys come from the secret the ingress pods mount (`api_keys_mount`)."""
-    data = map_local_paths(
-        config.model_dump(mode="json", exclude_none=True),
-        lambda location: os.path.relpath(config.resolve_path(location), PROJECT_ROOT),
+    from cluster.deployments.app import builder_args_config
+
+    data = builder_args_config(
+        config, lambda location: os.path.relpath(config.resolve_path(location), PROJECT_ROOT)
     )
     if api_keys_mount(config):
         data["server"]["auth"]["keys_file"] = f"{API_KEYS_DIR}/{API_KEYS_SECRET_KEY}"

@@ -49,6 +49,10 @@ def overlay(data: dict[str, Any], max_replicas: int) -> dict[str, Any]:
                    "upscale_cooldown_s": 10, "downscale_cooldown_s": 40}  # fmt: skip
         pools.append({**pool, "autoscaling": scaling})
     data["pools"] = pools
+    # A budget that every pool's maximum fits: the pools grow as they would alone, under the
+    # application-level policy (which sees the requests waiting at the ingress).
+    data["targets"] = [{**target, "replica_budget": max_replicas * len(pools)}
+                       for target in data["targets"]]  # fmt: skip
     data["ray"]["num_cpus"] = 4 * max_replicas * len(pools)
     return data
 

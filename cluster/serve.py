@@ -3,12 +3,16 @@ shut down cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 from cluster.config import ClusterConfig, ConfigError, drafter_problems
 
@@ -27,6 +31,55 @@ def _wait_ready(url: str, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
         time.sleep(0.5)
+
+
+def local_args_config(config: ClusterConfig) -> dict[str, Any]:
+    """The config as `app_builder` gets it from a declarative deploy on this machine: every
+    local path absolute (Serve builds the app in another process, with another working
+    directory)."""
+    from cluster.deployments.app import builder_args_config
+
+    data = builder_args_config(config, config.resolve_path)
+    keys_file = config.server.auth.keys_file
+    if keys_file:
+        data["server"]["auth"]["keys_file"] = config.resolve_path(keys_file)
+    return data
+
+
+def _wait_deployed(app_name: str, timeout_s: float) -> None:
+    """Until Serve reports the application RUNNING; its deploy error if it fails."""
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = serve.status().applications.get(app_name)
+        if status is not None and status.status == "RUNNING":
+            return
+        if status is not None and status.status == "DEPLOY_FAILED":
+            raise RuntimeError(f"deploying {app_name!r} failed: {status.message}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{app_name!r} not deployed after {timeout_s:.0f}s")
+        time.sleep(1)
+
+
+def deploy_declaratively(config: ClusterConfig, dashboard_url: str, config_file: Path) -> None:
+    """Deploy with `serve deploy` (Serve's REST API on the dashboard), the way KubeRay's
+    `serveConfigV2` does: the only way to give Serve an application-level autoscaling policy
+    (replica budgets), which `serve.run` does not take. It replaces every application on the
+    cluster, so only for a cluster this command started. The config is kept in `config_file`."""
+    from cluster.deployments.app import serve_application
+
+    body = {
+        "http_options": {"host": config.server.host, "port": config.server.port},
+        "applications": [serve_application(config, local_args_config(config), ingress_replicas=1)],
+    }
+    config_file.write_text(json.dumps(body, indent=2))
+    command = [sys.executable, "-m", "ray.serve.scripts", "deploy", str(config_file),
+               "--address", f"http://{dashboard_url}"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"serve deploy {config_file} failed: {done.stderr.strip()[-2000:]}")
+    _wait_deployed(config.server.app_name, READY_TIMEOUT_S)
 
 
 def _sigterm_as_interrupt(*_: object) -> None:
@@ -63,18 +116,20 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
 
     from cluster.deployments.app import build_app
 
+    dashboard_url = None  # set: this command started Ray, with the dashboard
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
         # Serve gives its HTTP proxy 3 x 5 s to come up; on a small machine that is busy (a
         # drafter training in the background) importing it takes longer, and Serve kills it.
         os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
-        ray.init(
+        started_ray = ray.init(
             num_cpus=config.ray.num_cpus,
             include_dashboard=config.ray.include_dashboard,
             dashboard_host="127.0.0.1",
             log_to_driver=False,
         )
+        dashboard_url = started_ray.dashboard_url or None
     # After ray.init, which installs its own SIGTERM handler. Background shells start us with
     # SIGINT ignored; Ctrl-C and SIGTERM must both reach the cleanup below.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -89,14 +144,20 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
             f"{', '.join(p.name for p in config.pools)} (logs: {logs}/serve)",
             flush=True,
         )
-        if any(t.replica_budget is not None for t in config.targets):
-            print(
-                "WARNING: targets[].replica_budget needs Serve's application-level autoscaling "
-                "policy, which only a declarative deploy applies (cluster render kuberay); "
-                "here each pool scales on its own policy within its max_replicas.",
-                flush=True,
-            )
-        serve.run(build_app(config), name=config.server.app_name, route_prefix="/")
+        budgets = any(t.replica_budget is not None for t in config.targets)
+        if budgets and dashboard_url:
+            deploy_declaratively(config, dashboard_url, Path(logs).parent / "serve_config.json")
+        else:
+            if budgets:
+                print(
+                    "WARNING: targets[].replica_budget needs Serve's application-level "
+                    "autoscaling policy, which only a declarative deploy applies: through the "
+                    "dashboard of a Ray cluster this command starts, or `cluster render "
+                    "kuberay`. Here (--address, or ray.include_dashboard: false) each pool "
+                    "scales on its own policy within its max_replicas.",
+                    flush=True,
+                )
+            serve.run(build_app(config), name=config.server.app_name, route_prefix="/")
         _wait_ready(f"{base}/readyz", READY_TIMEOUT_S)
         model = config.targets[0].id
         print(

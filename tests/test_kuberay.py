@@ -21,6 +21,7 @@ from cluster.kuberay import (
     INGRESS_RESOURCE,
     MONITORING_NAMESPACE,
     manifests,
+    serve_args_config,
 )
 from cluster.kuberay_pods import TERMINATION_MARGIN_S, drain_seconds
 from tests.test_terraform import run_checkov
@@ -301,3 +302,26 @@ def test_serve_config_is_valid_for_serve_and_carries_the_budget_policy(preset):
     assert set(instance.pools) == {f"pool-{p.name}" for p in config.pools}
     # The ingress the policy reads its queues from is deployed under that name.
     assert any(d["name"] == instance.ingress for d in serve_app(documents)["deployments"])
+
+
+@pytest.mark.parametrize("where", ["kuberay", "local"])
+def test_the_app_builder_gets_the_config_as_written(where, monkeypatch):
+    """What `app_builder` parses (KubeRay's serveConfigV2 args, `cluster serve`'s declarative
+    deploy) is the config itself: an explicit null stays null, local paths still resolve."""
+    from cluster.config import parse_config
+    from cluster.serve import local_args_config
+
+    data = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
+    data["routing"]["slo_headroom"] = None  # the default is 1.25
+    config = parse_config(data, base_dir=ROOT / "configs")
+    if where == "kuberay":
+        args = serve_args_config(config)
+        monkeypatch.chdir(ROOT)  # the image's working directory: the project root
+    else:
+        args = local_args_config(config)
+        monkeypatch.chdir("/")  # Serve builds the app elsewhere
+    built = parse_config(args, "args.config")
+    assert built.routing.slo_headroom is None
+    assert built.resolve_path(built.routing.profile) == config.resolve_path(config.routing.profile)
+    drafter = built.pools[0].speculation.drafter
+    assert built.resolve_path(drafter) == config.resolve_path(config.pools[0].speculation.drafter)

@@ -26,6 +26,8 @@ def test_overlay_lets_every_pool_scale_and_stays_valid():
         assert (pool.autoscaling.min_replicas, pool.autoscaling.max_replicas) == (1, 3)
         assert pool.autoscaling.policy == "model" and pool.autoscaling.upscale_delay_s == 5
     assert config.ray.num_cpus >= 4 * 3 * len(config.pools)
+    # The preset's budget (2) would hold both pools at 1: every pool's maximum fits now.
+    assert config.targets[0].replica_budget == 3 * len(config.pools)
     assert "port" not in overlay(data, 3)["server"]
 
 

@@ -13,7 +13,8 @@ may raise: an exception in a policy aborts the controller's whole application up
 tick; a failing decision falls back to Ray's default policy and is logged.
 
 Every decision is logged on the `ray.serve` logger (the controller's Serve log) when the
-replica count or the reason changes, and at least every `log_interval_s`:
+replica count or the reason changes, when requests start or stop waiting for the pool at the
+ingress, and at least every `log_interval_s`:
 `autoscale pool=<deployment> replicas=<current>-><decision> reason=<...> inputs=<json>`.
 """
 
@@ -158,9 +159,10 @@ def _ray_default(ctx: Any) -> int:
 def _log_decision(
     pool: str, current: int, decision: ScalingDecision, memo: dict[str, Any], interval_s: float
 ) -> dict[str, Any]:
-    """Log when the decision changes or `interval_s` passed; returns the new memo."""
+    """Log when the decision changes, requests start or stop waiting at the ingress, or
+    `interval_s` passed; returns the new memo."""
     now = time.time()
-    key = f"{decision.replicas}|{decision.reason}"
+    key = f"{decision.replicas}|{decision.reason}|{bool(decision.inputs.get('queued'))}"
     if memo.get("key") != key or now - memo.get("at", 0.0) >= interval_s:
         logger.info(
             f"{DECISION_LOG_PREFIX}{pool} replicas={current}->{decision.replicas} "

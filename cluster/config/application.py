@@ -95,8 +95,9 @@ def is_local_path(location: str) -> bool:
 
 
 def map_local_paths(config_data: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any]:
-    """A copy of config data (the YAML mapping) with each local target source, drafter path and
-    routing profile passed through `convert`; URIs and embedded sources stay as they are."""
+    """A copy of config data (the YAML mapping) with each local target source and tokenizer,
+    drafter path and routing profile passed through `convert`; URIs and embedded sources stay
+    as they are."""
     data = copy.deepcopy(config_data)
     holders = [
         *data.get("targets", []),
@@ -104,7 +105,7 @@ def map_local_paths(config_data: dict[str, Any], convert: Callable[[str], str]) 
         data.get("routing") or {},
     ]
     for holder in holders:
-        for key in ("source", "drafter", "profile"):
+        for key in ("source", "tokenizer", "drafter", "profile"):
             if isinstance(holder.get(key), str) and is_local_path(holder[key]):
                 holder[key] = convert(holder[key])
     return data

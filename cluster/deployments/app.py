@@ -7,9 +7,10 @@ will be deployed before a long GPU load.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from cluster.config import ClusterConfig, PoolConfig, TargetConfig
+from cluster.config import ClusterConfig, PoolConfig, TargetConfig, map_local_paths
 from cluster.models import local_model_path
 from cluster.request.dispatch import PoolRef
 
@@ -233,6 +234,42 @@ def ingress_options(config: ClusterConfig) -> dict[str, Any]:
     }
 
 
+APP_BUILDER = "cluster.deployments.app:app_builder"
+
+
+def serve_application(
+    config: ClusterConfig,
+    args_config: dict[str, Any],
+    *,
+    ingress_replicas: int,
+    ingress_actor_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Serve's declarative application config (`ServeApplicationSchema`): `app_builder` with
+    `args_config` (the cluster YAML as the builder will read it), the ingress's replica count
+    and actor options, and the application-level autoscaling policy when a target has a
+    replica budget (only a declarative deploy takes one; the ingress's count is then a
+    min = max autoscaling config, which reports its gate queues to the policy)."""
+    policy = app_autoscaling_policy(config)
+    ingress: dict[str, Any] = {"name": INGRESS_DEPLOYMENT}
+    if policy is not None:
+        ingress["autoscaling_config"] = fixed_ingress_scaling(ingress_replicas)
+    else:
+        ingress["num_replicas"] = ingress_replicas
+    if ingress_actor_options is not None:
+        ingress["ray_actor_options"] = ingress_actor_options
+    ingress["graceful_shutdown_timeout_s"] = ingress_options(config)["graceful_shutdown_timeout_s"]
+    application = {
+        "name": config.server.app_name,
+        "route_prefix": "/",
+        "import_path": APP_BUILDER,
+        "args": {"config": args_config},
+        "deployments": [ingress],
+    }
+    if policy is not None:
+        application["autoscaling_policy"] = policy
+    return application
+
+
 def pool_refs(config: ClusterConfig) -> list[PoolRef]:
     return [
         PoolRef(
@@ -311,6 +348,15 @@ def build_app(config: ClusterConfig):
 def _local_dir(config: ClusterConfig, target: TargetConfig) -> str | None:
     location = local_model_path(config, target)
     return None if "://" in location else location
+
+
+def builder_args_config(
+    config: ClusterConfig, convert_path: Callable[[str], str]
+) -> dict[str, Any]:
+    """The config as `app_builder` will parse it, each local path through `convert_path`. Every
+    field is written out, nulls too: left out, an explicit `null` (e.g. `routing.slo_headroom`)
+    would come back as its non-null default on the other side."""
+    return map_local_paths(config.model_dump(mode="json"), convert_path)
 
 
 def app_builder(args: dict[str, Any]):

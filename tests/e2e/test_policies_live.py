@@ -1,6 +1,6 @@
 """Serve really calls the deployed replica router and autoscaling policy (embedded preset:
 `replica_router: least_slowdown`, `autoscaling.policy: model` with the calibrated profile on both
-pools).
+pools, a `replica_budget`, so the application-level policy decides for both).
 
 A custom policy or router that is configured but never called fails silently in Ray (a wrong
 import path at the wrong scope, an app-level policy shadowing it, metrics never pushed), so this
@@ -61,12 +61,12 @@ def test_serve_calls_the_deployed_policy_and_router(cluster):
         ):
             break
         time.sleep(2)
-    # Ray's own line: it deserialized our class and uses it for both pools.
-    for pool in ("speculative", "throughput"):
-        assert (
-            "Using custom autoscaling policy 'cluster.autoscale.ray_policy:PoolAutoscalingPolicy' "
-            f"for deployment 'Deployment(name='pool-{pool}'"
-        ) in controller, controller[-3000:]
+    # Ray's own line: it deserialized our application-level class (the preset has a replica
+    # budget), which decides for both pools in place of their deployment-level policies.
+    assert (
+        "Using custom autoscaling policy 'cluster.autoscale.ray_policy:BudgetAutoscalingPolicy' "
+        "for application 'cluster'"
+    ) in controller, controller[-3000:]
     # Our policy ran and saw one reporting replica per pool (record_autoscaling_stats -> ctx).
     assert fed == {"speculative", "throughput"}, [
         line for line in controller.splitlines() if DECISION_LOG_PREFIX in line

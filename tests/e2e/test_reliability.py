@@ -4,15 +4,10 @@ keys on."""
 
 from __future__ import annotations
 
-import sysconfig
-import time
 from pathlib import Path
 
 import pytest
-import requests
-import yaml
 
-from cluster.launcher import ServeProcess
 from cluster.reliability import LATENCY_TARGET, run, targets_missed
 
 pytestmark = pytest.mark.e2e
@@ -42,31 +37,3 @@ def test_only_the_latency_target_is_left_out_of_the_untimed_check():
     }  # fmt: skip
     assert targets_missed(result) == ["faults.lost_before_first_token == 0", LATENCY_TARGET]
     assert targets_missed(result, timed=False) == ["faults.lost_before_first_token == 0"]
-
-
-def test_pool_at_zero_replicas_wakes_for_its_first_request():
-    data = yaml.safe_load(EMBEDDED.read_text())
-    speculative = next(p for p in data["pools"] if p["role"] == "speculative")
-    speculative["autoscaling"] = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0}
-    speculative["queue_timeout_s"] = 600  # a CPU replica loads in about a minute
-    # Rule v1's wake-up (the model path is unit-tested: a cold pool is chosen only when its
-    # cold start pays off against the warm pool, which an idle cluster never does).
-    data["routing"].pop("profile")
-    for pool in data["pools"]:  # a rate target needs the profile's model
-        pool["autoscaling"].pop("target_per_user_tok_s", None)
-    with ServeProcess(data, base_dir=EMBEDDED.parent) as serve:
-        pools = requests.get(f"{serve.base_url}/readyz", timeout=30).json()["pools"]
-        assert pools["speculative"]["running_replicas"] == 0
-        source = (Path(sysconfig.get_paths()["stdlib"]) / "argparse.py").read_text()
-        started = time.monotonic()
-        response = requests.post(
-            f"{serve.base_url}/v1/completions",
-            json={"model": data["targets"][0]["id"], "prompt": source[:8000], "max_tokens": 8},
-            timeout=900,
-        )
-        assert response.status_code == 200, response.text
-        assert response.headers["x-cluster-pool"] == "speculative"
-        assert response.headers["x-cluster-route-reason"] == "long_context"
-        assert time.monotonic() - started > 5  # it really waited for a replica to start
-        pools = requests.get(f"{serve.base_url}/readyz", timeout=30).json()["pools"]
-        assert pools["speculative"]["running_replicas"] == 1

@@ -17,6 +17,7 @@ from cluster.autoscale.budget import (
 )
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.policy import (
+    MIN_DRAFTS_PER_OBSERVATION,
     DemandWindow,
     PoolScalingState,
     PoolScalingTarget,
@@ -328,6 +329,19 @@ def test_observe_acceptance_counts_each_replicas_own_change():
     )
     assert model.acceptance_scale == 1.0
     observe_acceptance(model, seen, [spec_engine(1, 110, 0), veteran], ["a", "b"])
+    assert model.acceptance_scale < 1.0
+
+
+def test_a_few_drafts_wait_for_more_before_they_move_the_acceptance():
+    model = PerformanceModel.load(EMBEDDED_PROFILE).pools["speculative"]
+    few = MIN_DRAFTS_PER_OBSERVATION // 3
+    seen = observe_acceptance(model, None, [spec_engine(1, 1000, 2000)], ["a"])
+    # A burst's tail: a handful of drafts with nothing accepted, twice over.
+    for n in range(1, 3):
+        seen = observe_acceptance(model, seen, [spec_engine(1, 1000 + n * few, 2000)], ["a"])
+        assert model.acceptance_scale == 1.0 and seen["a"]["spec_drafts"] == 1000
+    # Enough of them together: judged as one observation.
+    observe_acceptance(model, seen, [spec_engine(1, 1000 + 3 * few + 3, 2000)], ["a"])
     assert model.acceptance_scale < 1.0
 
 

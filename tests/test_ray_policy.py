@@ -179,6 +179,17 @@ def test_pool_state_reads_rays_metrics_per_running_replica():
     assert state.last_scale_up_s == NOW - 9 and state.now_s == NOW
 
 
+def test_pool_state_reads_counters_at_their_latest_report_and_load_as_serves_average():
+    ctx = context({R1: spec_engine(6, 500, 400)})
+    averaged = ctx.aggregated_metrics
+    # Serve weights a report's last sample by the time since it came, so between two reports
+    # an averaged counter moves every tick; the report itself (raw) does not.
+    averaged["spec_drafts"][R1], averaged["running"][R1] = 321.5, 4.5
+    stats = pool_state(ctx).stats[0]
+    assert stats["spec_drafts"] == 500 and stats["spec_accepted_tokens"] == 400
+    assert stats["running"] == 4.5
+
+
 def test_budget_policy_through_rays_app_level_wrapper():
     policy = AutoscalingPolicy(
         policy_function="cluster.autoscale.ray_policy:BudgetAutoscalingPolicy",

@@ -259,6 +259,11 @@ def replica_slowdown(stats: Mapping[str, float]) -> float:
 SPEC_COUNTERS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 """Cumulative engine counters (`EngineStats.as_metrics()`) behind the online acceptance."""
 
+MIN_DRAFTS_PER_OBSERVATION = 50
+"""Drafts the online acceptance waits for before it moves the model: each observation moves it
+by the same weight (`model.EMA_ALPHA`), and the few drafts at a burst's tail (a dynamic schedule
+drafts only at small batches) are no measure of a drafter. Fewer add up to the next time."""
+
 
 def observe_acceptance(
     model: PoolModel,
@@ -267,32 +272,35 @@ def observe_acceptance(
     replica_ids: Sequence[str] = (),
 ) -> dict[str, dict[str, float]]:
     """Fold the pool's acceptance since `previous` into `model` (`PoolModel.observe`) and
-    return the counters per replica (pass them back next time).
+    return the baseline counters per replica (pass them back next time).
 
     The engines' counters are cumulative per replica, so the drafts and accepted tokens since
     the last call are each replica's own change: a replica seen for the first time only sets
-    its baseline, one whose counters went down (restarted) is skipped, and one that left
-    takes nothing with it. `replica_ids` name `stats` in order (default: their positions).
-    The acceptance is compared at the depth the engines drafted (drafted tokens / drafts): a
-    dynamic schedule drafts less at larger batches, where fewer accepted tokens are no sign of
-    a worse drafter."""
+    its baseline, one whose counters went down (restarted) starts a new one, and one that left
+    takes nothing with it. Fewer than `MIN_DRAFTS_PER_OBSERVATION` drafts in all leave the model
+    and the baselines as they were, so they count with the next ones. `replica_ids` name
+    `stats` in order (default: their positions). The acceptance is compared at the depth the
+    engines drafted (drafted tokens / drafts): a dynamic schedule drafts less at larger batches,
+    where fewer accepted tokens are no sign of a worse drafter."""
     ids = list(replica_ids) or [str(i) for i in range(len(stats))]
     current = {
         replica: {name: _stat(s, name) for name in SPEC_COUNTERS}
         for replica, s in zip(ids, stats, strict=True)
     }
     totals = dict.fromkeys(SPEC_COUNTERS, 0.0)
+    baselines: dict[str, dict[str, float]] = {}
     for replica, counters in current.items():
         before = (previous or {}).get(replica)
-        if before is None:
+        change = {name: counters[name] - (before or {}).get(name, 0.0) for name in SPEC_COUNTERS}
+        if before is None or any(value < 0 for value in change.values()):
+            baselines[replica] = counters  # first seen, or restarted: counts from now
             continue
-        change = {name: counters[name] - before.get(name, 0.0) for name in SPEC_COUNTERS}
-        if any(value < 0 for value in change.values()):
-            continue
+        baselines[replica] = dict(before)
         for name, value in change.items():
             totals[name] += value
     drafts = totals["spec_drafts"]
-    if drafts > 0:
-        depth = max(1, round(totals["spec_draft_tokens"] / drafts))
-        model.observe(1 + totals["spec_accepted_tokens"] / drafts, None, depth=depth)
+    if drafts < MIN_DRAFTS_PER_OBSERVATION:  # too few to judge: they add up from the baselines
+        return baselines
+    depth = max(1, round(totals["spec_draft_tokens"] / drafts))
+    model.observe(1 + totals["spec_accepted_tokens"] / drafts, None, depth=depth)
     return current

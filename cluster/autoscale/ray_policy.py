@@ -38,7 +38,7 @@ from cluster.autoscale.policy import (
     desired_replicas,
     observe_acceptance,
 )
-from cluster.autoscale.signals import INGRESS_QUEUE_PREFIX
+from cluster.autoscale.signals import INGRESS_QUEUE_PREFIX, LOAD_GAUGES
 
 logger = logging.getLogger("ray.serve")
 
@@ -86,13 +86,16 @@ def pool_state(
     ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S, queued: int = 0
 ) -> PoolScalingState:
     """A `PoolScalingState` from Serve's `AutoscalingContext`: one stats dict per running replica
-    that has reported (`ctx.aggregated_metrics` is {metric: {replica_id: value averaged over
-    look_back_period_s}}, a replica's last report however old), taken at the newest report
-    within `stale_after_s` (none: stale, the pool holds). A replica that stopped reporting
-    counts at its last known load: dropped, a busy replica gone quiet would read as idle.
+    that has reported (a replica's last report however old), taken at the newest report within
+    `stale_after_s` (none: stale, the pool holds). A replica that stopped reporting counts at its
+    last known load: dropped, a busy replica gone quiet would read as idle. The load gauges are
+    Serve's time-weighted averages (`ctx.aggregated_metrics`); the counters are each report's
+    latest value (`ctx.raw_metrics`): Serve weights a report's last sample by the time since it
+    was taken, so an averaged counter moves every tick while no draft happened.
     `queued`: requests waiting for the pool before Serve sees them (`ingress_queues`)."""
     now = ctx.current_time if ctx.current_time is not None else time.time()
     aggregated = ctx.aggregated_metrics or {}
+    raw = ctx.raw_metrics or {}
     latest = _latest_timestamps(ctx)
     stats, replica_ids = [], []
     for replica_id in ctx.running_replicas:
@@ -101,7 +104,12 @@ def pool_state(
         values = {
             name: float(by_replica[replica_id])
             for name, by_replica in aggregated.items()
-            if replica_id in by_replica
+            if name in LOAD_GAUGES and replica_id in by_replica
+        }
+        values |= {
+            name: float(by_replica[replica_id][-1].value)
+            for name, by_replica in raw.items()
+            if name not in LOAD_GAUGES and by_replica.get(replica_id)
         }
         if values:
             stats.append(values)

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 
 from cluster.speculation import SpecCounters
 
+LOAD_GAUGES = frozenset({"running", "waiting", "kv_cache_usage"})
+"""The metrics of `EngineStats.as_metrics()` that are the load at an instant (a policy may
+average them over time). Every other one is a cumulative counter, or derived from them, and is
+read at its latest value: an average of a cumulative counter is no count of anything."""
+
 REPLICA_KEY = "replica"
 """Key of the replica's id beside its `EngineStats.as_metrics()` in `PoolServer.stats()`."""
 

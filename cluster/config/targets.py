@@ -56,10 +56,11 @@ class TargetConfig(Strict):
     `autoscaling_policy`) sizes the target's pools together (`cluster.autoscale.budget.
     within_budget`): with `routing.profile` and each pool's `target_per_user_tok_s`, the fewest
     replicas whose capacity at those rates covers the load, speculative first; otherwise each
-    pool's own `model` decision, cut to fit. Serve then ignores the per-pool policies. Only a
-    declarative deploy applies it (the KubeRay `serveConfigV2`; Serve's `serve.run`, which
-    `cluster serve` uses, has no such option: there each pool keeps its own policy and
-    `max_replicas`). None: no shared budget."""
+    pool's own `model` decision, cut to fit; either way counting the requests waiting at the
+    ingress for each pool, which only this policy sees. Serve then ignores the per-pool
+    policies. Only a declarative deploy applies it: the KubeRay `serveConfigV2`, or `cluster
+    serve` on a Ray cluster it starts with the dashboard (`serve deploy`); with `--address`
+    each pool keeps its own policy and `max_replicas`. None: no shared budget."""
 
     content_part_types: list[str] = Field(default_factory=lambda: ["text"])
     """Chat content part types the ingress accepts (`text`; add `image_url`, `input_audio`

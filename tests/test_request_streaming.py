@@ -124,6 +124,24 @@ def test_a_full_other_pool_does_not_hide_the_failure_before_it():
     assert gates["thr"].in_flight == 0 and gates["spec"].in_flight == 0
 
 
+def test_a_call_that_raises_at_once_frees_its_slot_and_fails_over():
+    gates, tried = _gates(), []
+
+    def call(pool):
+        tried.append(pool)
+        if pool == "thr":
+            raise DeploymentUnavailableError("thr")  # raised by `.remote()`, not the stream
+        return Scripted([CHUNK])
+
+    async def go():
+        slot = gates["thr"].try_enter()
+        return await streaming.start(["thr", "spec"], slot, gates, call, lambda p, e: None)
+
+    started = asyncio.run(go())
+    assert tried == ["thr", "spec"] and started.pool == "spec"
+    assert gates["thr"].in_flight == 0 and gates["spec"].in_flight == 1
+
+
 def test_every_attempt_failing_gives_the_last_error():
     with pytest.raises(ApiError) as caught:
         _run({"thr": [[ActorDiedError()]], "spec": [[DeploymentUnavailableError("x")]]},

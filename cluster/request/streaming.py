@@ -62,15 +62,17 @@ async def start(
             if slot is None:  # that pool is full or down: the failure before it stays the answer
                 continue
         gate = gates[pool]
-        stream = call(pool)
+        stream = None
         try:
+            stream = call(pool)  # inside: a call that raises at once must free the slot too
             # A cold pool's first call waits in Serve for a replica to start: bounded here.
             timeout = gate.queue_timeout_s if gate.cold else None
             first = await asyncio.wait_for(anext(stream), timeout)
             error = _error_in(first)
         except BaseException as failure:
             slot.release()
-            stream.cancel()
+            if stream is not None:
+                stream.cancel()
             if isinstance(failure, asyncio.CancelledError):
                 raise
             error = from_exception(

@@ -38,8 +38,9 @@ DECISION = re.compile(
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
-def overlay(data: dict[str, Any], max_replicas: int) -> dict[str, Any]:
-    """The config under test: pools that may grow, fast delays, room for the replicas."""
+def overlay(data: dict[str, Any], max_replicas: int, budget: int | None = None) -> dict[str, Any]:
+    """The config under test: pools that may grow, fast delays, room for the replicas, and a
+    replica budget per target (None: every pool's maximum, so none is held back)."""
     data = {**data, "server": {**data.get("server", {})}, "ray": {**data.get("ray", {})}}
     data["server"].pop("port", None)
     pools = []
@@ -49,10 +50,10 @@ def overlay(data: dict[str, Any], max_replicas: int) -> dict[str, Any]:
                    "upscale_cooldown_s": 10, "downscale_cooldown_s": 40}  # fmt: skip
         pools.append({**pool, "autoscaling": scaling})
     data["pools"] = pools
-    # A budget that every pool's maximum fits: the pools grow as they would alone, under the
-    # application-level policy (which sees the requests waiting at the ingress).
-    data["targets"] = [{**target, "replica_budget": max_replicas * len(pools)}
-                       for target in data["targets"]]  # fmt: skip
+    # The application-level policy (it sees the requests waiting at the ingress) with the
+    # budget asked for; by default one every pool's maximum fits, so each grows as alone.
+    budget = budget if budget is not None else max_replicas * len(pools)
+    data["targets"] = [{**target, "replica_budget": budget} for target in data["targets"]]
     data["ray"]["num_cpus"] = 4 * max_replicas * len(pools)
     return data
 
@@ -211,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     config_path = Path(args.file)
-    data = overlay(yaml.safe_load(config_path.read_text()), args.max_replicas)
+    data = overlay(yaml.safe_load(config_path.read_text()), args.max_replicas, args.budget)
     phases = parse_phases(args.phases)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +239,9 @@ def run(args: argparse.Namespace) -> int:
     failed = [r for r in load.records if r["error"]]
     result = {
         "config": args.file,
-        "overlay": {"max_replicas": args.max_replicas, "delays_s": {"upscale": 5,
+        "overlay": {"max_replicas": args.max_replicas,
+                    "replica_budget": data["targets"][0]["replica_budget"],
+                    "delays_s": {"upscale": 5,
                     "downscale": 20, "upscale_cooldown": 10, "downscale_cooldown": 40}},
         "started": started,
         "ended": ended,
@@ -279,6 +282,9 @@ def add_command(commands: Any) -> None:
                         help="CONCURRENCY:SECONDS,... (default %(default)s)")  # fmt: skip
     parser.add_argument("--max-replicas", type=int, default=2,
                         help="most replicas per pool (default %(default)s)")  # fmt: skip
+    parser.add_argument("--budget", type=int, default=None,
+                        help="replica budget of the target, shared by its pools (default: "
+                        "every pool's maximum, so none is held back)")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=64,
                         help="output tokens per request (default %(default)s)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/load_step",

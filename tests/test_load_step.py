@@ -28,6 +28,8 @@ def test_overlay_lets_every_pool_scale_and_stays_valid():
     assert config.ray.num_cpus >= 4 * 3 * len(config.pools)
     # The preset's budget (2) would hold both pools at 1: every pool's maximum fits now.
     assert config.targets[0].replica_budget == 3 * len(config.pools)
+    shared = parse_config(overlay(data, 2, budget=3), base_dir=ROOT / "configs")
+    assert shared.targets[0].replica_budget == 3
     assert "port" not in overlay(data, 3)["server"]
 
 

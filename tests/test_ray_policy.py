@@ -217,6 +217,24 @@ def test_budget_policy_through_rays_app_level_wrapper():
     # No models: wanted 3 + 4 = 7 > budget 4, cut from the pool furthest above its minimum.
     assert by_name == {"pool-speculative": 2, "pool-throughput": 2}
     assert set(states) == set(contexts)
+    # Light load, and the ingress (a fixed count: no decision, its state passed through)
+    # reports 40 requests waiting for the speculative pool: 44 want 11 of its replicas, which
+    # the budget holds to 3 beside the throughput pool's 1 (without the queue: 1 and 1).
+    reporting = replica("i1", "ingress")
+    queue = context({reporting: {"queued:pool-speculative": 40.0}}, deployment="ingress")
+    light = {
+        DeploymentID(name="pool-speculative", app_name=APP): context(
+            {spec: engine(4)}, deployment="pool-speculative"
+        ),
+        DeploymentID(name="pool-throughput", app_name=APP): context({R1: engine(4)}),
+        queue.deployment_id: queue,
+    }
+    instance.ingress = "ingress"
+    decisions, states = wrapped(light)
+    assert queue.deployment_id not in decisions and set(states) == set(light)
+    assert {d.name: n for d, n in decisions.items()} == {
+        "pool-speculative": 3, "pool-throughput": 1,
+    }  # fmt: skip
 
 
 def test_a_pool_whose_replica_starts_does_not_freeze_its_budget_group():

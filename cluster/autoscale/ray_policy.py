@@ -292,10 +292,8 @@ class BudgetAutoscalingPolicy:
         ingress = next((c for c in contexts.values() if c.deployment_name == self.ingress), None)
         if ingress is None:
             return {}
-        stale_after_s = min((p.stale_after_s for p in self.tracked.values()),
-                            default=DEFAULT_STALE_AFTER_S)  # fmt: skip
-        try:
-            return ingress_queues(ingress, stale_after_s)
+        try:  # the ingress's own staleness: the pools' settings are about engine stats
+            return ingress_queues(ingress)
         except Exception:
             logger.exception(f"{DECISION_LOG_PREFIX}* cannot read the ingress's queues")
             return {}

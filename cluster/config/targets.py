@@ -59,8 +59,9 @@ class TargetConfig(Strict):
     pool's own `model` decision, cut to fit; either way counting the requests waiting at the
     ingress for each pool, which only this policy sees. Serve then ignores the per-pool
     policies. Only a declarative deploy applies it: the KubeRay `serveConfigV2`, or `cluster
-    serve` on a Ray cluster it starts with the dashboard (`serve deploy`); with `--address`
-    each pool keeps its own policy and `max_replicas`. None: no shared budget."""
+    serve` on a Ray cluster it starts with the dashboard (`serve deploy`); with `--address` or
+    `ray.include_dashboard: false` each pool keeps its own policy and `max_replicas`. None: no
+    shared budget."""
 
     content_part_types: list[str] = Field(default_factory=lambda: ["text"])
     """Chat content part types the ingress accepts (`text`; add `image_url`, `input_audio`

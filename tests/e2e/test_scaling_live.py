@@ -72,12 +72,15 @@ def test_the_app_policy_sees_the_requests_waiting_at_the_ingress(small_cluster):
     stop, waiting = threading.Event(), []
 
     def hold_a_stream() -> None:
-        while not stop.is_set():  # a wait that timed out (503) queues again
-            with requests.post(f"{serve.base_url}/v1/completions", json=body, stream=True,
-                               timeout=(10, 120)) as response:  # fmt: skip
-                for _ in response.iter_lines():
-                    if stop.is_set():
-                        return
+        while not stop.is_set():  # a wait that timed out (503, or our read timeout) queues again
+            try:
+                with requests.post(f"{serve.base_url}/v1/completions", json=body, stream=True,
+                                   timeout=(10, 60)) as response:  # fmt: skip
+                    for _ in response.iter_lines():
+                        if stop.is_set():
+                            return
+            except requests.RequestException:
+                continue
 
     def controller() -> str:
         return "".join(p.read_text(errors="replace") for p in logs.glob("controller_*.log"))

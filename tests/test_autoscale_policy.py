@@ -255,6 +255,30 @@ def test_within_budget_shrinks_only_with_spare_capacity():
     assert sum(grown.values()) == 2 and sum(kept.values()) == 3
 
 
+def test_within_budget_moves_the_split_to_less_capacity_only_with_spare():
+    # Found live (load step, budget 3): a load near a boundary flipped the split between 2 + 1
+    # and 1 + 2 within a minute, and each flip starts a replica (minutes) and drains another.
+    targets = {S_: SIZED[S_], T_: replace(SIZED[T_], target_per_user_tok_s=3)}
+    cap = {n: replica_capacity(MODELS[n], targets[n]).tokens_per_s for n in targets}
+    assert cap[T_] > cap[S_]  # a throughput replica holds more at its target
+    spec_heavy = 2 * cap[S_] + cap[T_]
+    for running in range(1, 400):
+        load = offered_tokens_per_s(spread(1, running), replica_capacity(MODELS[T_], targets[T_]))
+        if spec_heavy / 1.2 < load <= spec_heavy:
+            break
+    else:
+        raise AssertionError("no load between the two bounds")
+
+    def split_from(spec: int, thr: int) -> dict[str, int]:
+        pools = {S_: spread(spec, 0), T_: spread(thr, running)}
+        return within_budget({S_: spec, T_: thr}, pools, MODELS, 3, targets)
+
+    # 2 + 1 covers the load, but not with the margin: from 1 + 2 (more capacity) it stays...
+    assert split_from(1, 2) == {S_: 1, T_: 2}
+    # ...and from 2 + 1 too (it covers the load; the most speculative replicas that do).
+    assert split_from(2, 1) == {S_: 2, T_: 1}
+
+
 def test_within_budget_load_does_not_grow_with_the_replicas():
     # The same requests on more replicas decode faster, but need no more capacity: the pool
     # shrinks back to what they need at the target.

@@ -177,7 +177,8 @@ def within_budget(
     speculative replicas (the first pool) as that allows: at equal capacity they give each user
     more. As load rises the total grows and the split moves to whichever pool holds more per
     replica at the target (the throughput pool once speculation stops paying), and back as it
-    falls. A total below the current one must cover the load with `hysteresis` to spare. When
+    falls. A total below the current one, or a split of less capacity than the current one,
+    must cover the load with `hysteresis` to spare. When
     even the budget cannot: the budget, split for the most capacity (within `SHARE_HYSTERESIS`,
     the most speculative replicas). Each pool's cool-downs apply to its change, and a pool
     grows only into replicas the budget has free now (the other pool drains first). While a
@@ -212,10 +213,18 @@ def within_budget(
         def served(split: dict[str, int]) -> float:
             return sum(split[n] * capacity[n] for n in names)
 
+        now = served({n: pools[n].replicas for n in names})
+
+        def covers(split: dict[str, int]) -> bool:
+            # Less than now (fewer replicas, or the same moved to the pool that holds less)
+            # must cover the load with the margin: else a load near a boundary flips the
+            # split each tick, and each flip restarts a replica.
+            less = sum(split.values()) < current or served(split) < now
+            return served(split) >= (load * (1 + hysteresis) if less else load)
+
         chosen = None
         for total in range(1, budget + 1):
-            needed = load * (1 + hysteresis) if total < current else load
-            feasible = [split for split in splits(total) if served(split) >= needed]
+            feasible = [split for split in splits(total) if covers(split)]
             if feasible:
                 chosen = max(feasible, key=lambda split: split[first])
                 break

@@ -17,10 +17,16 @@ used only where it matches.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
+import numbers
 from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 from statistics import fmean
 from typing import Any
+
+from pydantic import BaseModel
 
 from cluster.autoscale.model import PerformanceModel
 from cluster.config import ClusterConfig, ConfigError
@@ -80,10 +86,33 @@ def baseline_fingerprint(
 ) -> str:
     """What the `compared` strategies other than ours yield depends on, besides the simulator's
     code: those strategies, the performance model their replicas run at, the traces, SLO and
-    settings."""
-    text = repr(([s for s in compared if s.name != OURS], model, [d.model_dump() for d in days],
-                 slo, sorted(simulation_kwargs.items())))  # fmt: skip
+    settings, as canonical JSON (`_canonical`)."""
+    inputs = ([s for s in compared if s.name != OURS], model, list(days), slo,
+              dict(simulation_kwargs))  # fmt: skip
+    text = json.dumps(_canonical(inputs), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _canonical(value: Any) -> Any:
+    """Plain data by fields, floats to 9 significant digits: not `repr`, which a pydantic or
+    numpy release may spell differently, nor the last bits a fit may differ by elsewhere."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, BaseModel):
+        return _canonical(value.model_dump(mode="json"))
+    if isinstance(value, Mapping):
+        return {str(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(item) for item in value]
+    if isinstance(value, Enum):
+        return _canonical(value.value)
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(f"{float(value):.9g}")
+    raise TypeError(f"cannot fingerprint a {type(value).__name__}")
 
 
 def ours_against_static(

@@ -27,7 +27,7 @@ import requests
 import yaml
 
 from cluster.autoscale.ray_policy import DECISION_LOG_PREFIX
-from cluster.config import DEFAULT_CONFIG
+from cluster.config import DEFAULT_CONFIG, parse_config
 from cluster.launcher import ServeProcess
 from cluster.simulate.cli import ROUTING_SUMMARY, update_summary
 
@@ -213,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
 
     config_path = Path(args.file)
     data = overlay(yaml.safe_load(config_path.read_text()), args.max_replicas, args.budget)
+    # A bad overlay (e.g. a budget below the pools' minimums) is refused here, not after a start.
+    parse_config(data, str(config_path), base_dir=config_path.resolve().parent)
     phases = parse_phases(args.phases)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -277,6 +277,15 @@ def test_within_budget_moves_the_split_to_less_capacity_only_with_spare():
     assert split_from(1, 2) == {S_: 1, T_: 2}
     # ...and from 2 + 1 too (it covers the load; the most speculative replicas that do).
     assert split_from(2, 1) == {S_: 2, T_: 1}
+    # Overloaded even at the budget, both splits within 5% of the most capacity: each holds
+    # (else a load around the budget's capacity flips between this choice and the one above).
+    assert 2 * cap[S_] + cap[T_] >= 0.95 * (cap[S_] + 2 * cap[T_])
+    running = next(
+        n for n in range(running, 800)
+        if offered_tokens_per_s(spread(1, n), replica_capacity(MODELS[T_], targets[T_]))
+        > cap[S_] + 2 * cap[T_]
+    )  # fmt: skip
+    assert split_from(1, 2) == {S_: 1, T_: 2} and split_from(2, 1) == {S_: 2, T_: 1}
 
 
 def test_within_budget_load_does_not_grow_with_the_replicas():

@@ -57,3 +57,11 @@ def test_only_an_error_object_is_an_error_event():
     assert not _is_error_event(b'data: {"choices": [{"delta": {"content": "error"}}]}')
     assert not _is_error_event(b"data: [DONE]")
     assert not _is_error_event(b'data: {"error"')  # not JSON: not an error object
+
+
+def test_a_budget_below_the_pools_minimums_is_refused_before_any_server(tmp_path, capsys):
+    from cluster.cli import main
+
+    assert main(["load-step", "--budget", "1", "--out", str(tmp_path / "out")]) == 2
+    assert "replica_budget" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

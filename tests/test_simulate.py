@@ -290,6 +290,17 @@ def _result(strategy: str, gpu_hours: float, slo_attainment: float) -> Simulatio
     return SimulationResult(strategy, 100, 100, 0, gpu_hours, slo_attainment, {}, {}, {}, [])
 
 
+def test_the_baseline_fingerprint_is_canonical_data():
+    from cluster.simulate.sweep import _canonical
+
+    slo = Slo(5.0, 20.0)
+    assert _canonical(slo) == _canonical(Slo(5.0 + 1e-13, 20.0))  # last-bit noise of a fit
+    assert _canonical(slo) != _canonical(Slo(5.1, 20.0))
+    assert _canonical({"b": (1, 2.5), "a": True}) == {"b": [1, 2.5], "a": True}
+    with pytest.raises(TypeError, match="set"):
+        _canonical({1, 2})  # an order-less value would give a fingerprint that wanders
+
+
 def test_the_static_split_is_the_one_best_over_every_trace():
     # Split 2 is best on the first trace, split 1 on the second and on average: an operator
     # fixes one split for every day, so ours is compared with split 1 on both.

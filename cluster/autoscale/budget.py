@@ -178,11 +178,11 @@ def within_budget(
     more. As load rises the total grows and the split moves to whichever pool holds more per
     replica at the target (the throughput pool once speculation stops paying), and back as it
     falls. A total below the current one, or a split of less capacity than the current one,
-    must cover the load with `hysteresis` to spare. When
-    even the budget cannot: the budget, split for the most capacity (within `SHARE_HYSTERESIS`,
-    the most speculative replicas). Each pool's cool-downs apply to its change, and a pool
-    grows only into replicas the budget has free now (the other pool drains first). While a
-    pool's stats are stale every pool holds.
+    must cover the load with `hysteresis` to spare. When even the budget cannot: the budget,
+    split for the most capacity (within `SHARE_HYSTERESIS`, the current split, else the most
+    speculative replicas). Each pool's cool-downs apply to its change, and a pool grows only
+    into replicas the budget has free now (the other pool drains first). While a pool's stats
+    are stale every pool holds.
 
     Otherwise: each pool's own `wanted` (`desired_replicas`) while together they fit; beyond the
     budget each want is cut to fit (`fit_to_budget`)."""
@@ -231,7 +231,10 @@ def within_budget(
         if chosen is None and splits(budget):  # overloaded even at the budget
             most = max(served(split) for split in splits(budget))
             near = [s for s in splits(budget) if served(s) >= most * (1 - SHARE_HYSTERESIS)]
-            chosen = max(near, key=lambda split: split[first])
+            held = {n: pools[n].replicas for n in names}
+            # The current split while it is near the most: else a load around the budget's
+            # capacity flips between this branch's choice and the covering split above.
+            chosen = held if held in near else max(near, key=lambda split: split[first])
         if chosen is not None:
             cooled = {
                 n: apply_cooldowns(

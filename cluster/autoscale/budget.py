@@ -198,7 +198,8 @@ def within_budget(
         held = {n: replica_capacity(fitted[n], targets[n]) for n in names}
         capacity = {n: held[n].tokens_per_s for n in names}
         load = sum(offered_tokens_per_s(pools[n], held[n]) for n in names)
-        current = sum(state.replicas for state in pools.values())
+        replicas_now = {n: pools[n].replicas for n in names}
+        current = sum(replicas_now.values())
         first, second = names
         budget = min(budget, sum(targets[n].max_replicas for n in names))
 
@@ -213,7 +214,7 @@ def within_budget(
         def served(split: dict[str, int]) -> float:
             return sum(split[n] * capacity[n] for n in names)
 
-        now = served({n: pools[n].replicas for n in names})
+        now = served(replicas_now)
 
         def covers(split: dict[str, int]) -> bool:
             # Less than now (fewer replicas, or the same moved to the pool that holds less)
@@ -231,18 +232,19 @@ def within_budget(
         if chosen is None and splits(budget):  # overloaded even at the budget
             most = max(served(split) for split in splits(budget))
             near = [s for s in splits(budget) if served(s) >= most * (1 - SHARE_HYSTERESIS)]
-            held = {n: pools[n].replicas for n in names}
             # The current split while it is near the most: else a load around the budget's
             # capacity flips between this branch's choice and the covering split above.
-            chosen = held if held in near else max(near, key=lambda split: split[first])
+            chosen = (
+                replicas_now if replicas_now in near else max(near, key=lambda split: split[first])
+            )
         if chosen is not None:
             cooled = {
                 n: apply_cooldowns(
-                    pools[n], pools[n].replicas, chosen[n], "budget", {}, targets[n]
+                    pools[n], replicas_now[n], chosen[n], "budget", {}, targets[n]
                 ).replicas
                 for n in names
             }
-            return _grow_into_free_budget(cooled, {n: pools[n].replicas for n in names}, budget)
+            return _grow_into_free_budget(cooled, replicas_now, budget)
     if sum(wanted.values()) <= budget:
         return dict(wanted)
     return fit_to_budget(wanted, {name: t.min_replicas for name, t in targets.items()}, budget)

@@ -64,12 +64,17 @@ def _latest_timestamps(ctx: Any) -> dict[Any, float]:
     return latest
 
 
+def _now(ctx: Any) -> float:
+    """The context's time (Serve's clock), or the wall clock where it gives none."""
+    return ctx.current_time if ctx.current_time is not None else time.time()
+
+
 def ingress_queues(ctx: Any, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> dict[str, int]:
     """Requests waiting at the ingress's gates, by pool deployment name, from the ingress
     deployment's context: each running ingress replica's latest report (`queued:<deployment>`,
     `ClusterIngress.record_autoscaling_stats`) within `stale_after_s`, summed. The latest, not
     Serve's average over its look-back: a burst's queue is what a scale-up must see now."""
-    now = ctx.current_time if ctx.current_time is not None else time.time()
+    now = _now(ctx)
     queued: dict[str, float] = {}
     for name, series_by_replica in (ctx.raw_metrics or {}).items():
         if not name.startswith(INGRESS_QUEUE_PREFIX):
@@ -93,7 +98,7 @@ def pool_state(
     latest value (`ctx.raw_metrics`): Serve weights a report's last sample by the time since it
     was taken, so an averaged counter moves every tick while no draft happened.
     `queued`: requests waiting for the pool before Serve sees them (`ingress_queues`)."""
-    now = ctx.current_time if ctx.current_time is not None else time.time()
+    now = _now(ctx)
     aggregated = ctx.aggregated_metrics or {}
     raw = ctx.raw_metrics or {}
     latest = _latest_timestamps(ctx)
@@ -203,14 +208,11 @@ class _Pool:
         self.counters: dict[str, dict[str, float]] | None = None
         self.window = DemandWindow(float(kwargs.get("demand_window_s", 0.0)))
 
-    @property
-    def stale_after_s(self) -> float:
-        return float(self.kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S))
-
     def state(self, ctx: Any, queued: int = 0) -> PoolScalingState:
         """The pool's state now (`queued` at the ingress), with the peak demand of its window
         (updated once per call: call it once per tick)."""
-        state = pool_state(ctx, self.stale_after_s, queued)
+        stale_after_s = float(self.kwargs.get("stale_after_s", DEFAULT_STALE_AFTER_S))
+        state = pool_state(ctx, stale_after_s, queued)
         if not state.stats:  # stale or no replica: no demand was measured
             return state
         return replace(state, peak_demand=self.window.observe(state.now_s, state.demand))

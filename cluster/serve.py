@@ -112,7 +112,7 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
     import ray
     from ray import serve
 
-    from cluster.deployments.app import build_app
+    from cluster.deployments.app import app_autoscaling_policy, build_app
 
     dashboard_url = None  # set: this command started Ray, with the dashboard
     if address:
@@ -145,7 +145,7 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
             f"{', '.join(p.name for p in config.pools)} (logs: {logs}/serve)",
             flush=True,
         )
-        budgets = any(t.replica_budget is not None for t in config.targets)
+        budgets = app_autoscaling_policy(config) is not None
         if budgets and dashboard_url:
             deploy_declaratively(config, dashboard_url, Path(logs).parent / "serve_config.json")
         else:

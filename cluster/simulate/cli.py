@@ -24,7 +24,7 @@ from cluster.simulate import trace as traces
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model
 from cluster.simulate.plots import plot, plot_sweep
 from cluster.simulate.result import SimulationResult
-from cluster.simulate.strategies import OURS
+from cluster.simulate.strategies import OURS, strategies
 from cluster.simulate.sweep import compare, ours_against_static, seeded
 from cluster.slo import Slo
 
@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs = _simulation_kwargs(args)
     started = time.monotonic()
     runs: list[list[SimulationResult]] = []
+    compared = strategies(config, model, slo, budget)
     with tqdm(desc="strategies", unit="run") as bar:
         for i in range(args.seeds):
             trace_requests = requests if i == 0 else traces.generate(days[i])
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                 bar.set_postfix_str(f"trace {i + 1}/{args.seeds}: {name}")
                 bar.update(1)
 
-            runs.append(compare(config, model, trace_requests, slo, budget, kwargs, progress))
+            runs.append(compare(compared, model, trace_requests, slo, kwargs, progress))
     comparison = ours_against_static(runs, [day.seed for day in days] or [None])  # JSONL: none
     results = runs[0]
     best = next(r for r in results if r.strategy == comparison["ray_default_split"])

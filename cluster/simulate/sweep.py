@@ -58,18 +58,18 @@ def seeded(spec: traces.TraceSpec, count: int) -> list[traces.TraceSpec]:
 
 
 def compare(
-    config: ClusterConfig,
+    compared: Sequence[Strategy],
     model: PerformanceModel,
     requests: Sequence[traces.TraceRequest],
     slo: Slo,
-    budget: int,
     simulation_kwargs: dict[str, Any],
     progress: Callable[[str], None] = lambda _: None,
     only: str | None = None,
 ) -> list[SimulationResult]:
-    """Every strategy (ours first) on one trace; `only`: that strategy alone."""
+    """Each of the `compared` strategies (`strategies`: ours first) on one trace; `only`: that
+    strategy alone."""
     results = []
-    for strategy in strategies(config, model, slo, budget):
+    for strategy in compared:
         if only is not None and strategy.name != only:
             continue
         progress(strategy.name)
@@ -215,9 +215,8 @@ def sweep(
     for budget in budgets:
         sized = at_budget(config, budget)
         days = seeded(spec.scaled(budget / base_budget), seeds)
-        fingerprint = baseline_fingerprint(
-            strategies(sized, model, slo, budget), model, days, slo, simulation_kwargs
-        )
+        compared = strategies(sized, model, slo, budget)
+        fingerprint = baseline_fingerprint(compared, model, days, slo, simulation_kwargs)
         recorded = None
         if baseline is not None:
             recorded = next((r for r in baseline if r.get("budget_replicas") == budget
@@ -233,21 +232,21 @@ def sweep(
             counts.append(len(requests))
             label = f"{budget} replicas, seed {day.seed}"
             runs.append(compare(
-                sized, model, requests, slo, budget, simulation_kwargs,
+                compared, model, requests, slo, simulation_kwargs,
                 lambda name, label=label: progress(f"{label}: {name}"),
                 only=OURS if recorded else None,
             ))  # fmt: skip
         if recorded is None:
-            compared = ours_against_static(runs, [day.seed for day in days])
+            comparison = ours_against_static(runs, [day.seed for day in days])
             by_strategy = mean_by_strategy(runs)
         else:
-            compared = ours_against_baseline([run[0] for run in runs], recorded)
+            comparison = ours_against_baseline([run[0] for run in runs], recorded)
             by_strategy = {**recorded["strategies"], **mean_by_strategy(runs)}
         rows.append({
             "budget_replicas": budget,
             "gpus": budget * gpus_per_replica,
             "requests": round(fmean(counts)),
-            **compared,
+            **comparison,
             "strategies": by_strategy,
             "fingerprint": fingerprint,
         })  # fmt: skip

@@ -42,16 +42,31 @@ class S3Uri:
 
     @classmethod
     def parse(cls, uri: str) -> S3Uri:
-        if not uri.startswith("s3://") or len(uri) <= len("s3://"):
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        if not uri.startswith("s3://") or not bucket:
             raise StorageError(f"{uri!r} is not an s3://bucket/prefix URI")
-        bucket, _, prefix = uri[len("s3://") :].partition("/")
-        return cls(bucket, prefix.strip("/"))
+        prefix = prefix.strip("/")
+        # The prefix names the local copy too (`cached_path`): `..` would climb out of the cache.
+        if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+            raise StorageError(f"the prefix of {uri!r} may not contain '.', '..' or '//'")
+        return cls(bucket, prefix)
 
     def key(self, relative: str) -> str:
         return f"{self.prefix}/{relative}" if self.prefix else relative
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}"
+
+
+def check_s3_uri(location: str | None) -> str | None:
+    """A config field's validator: an `s3://` location must parse (`S3Uri.parse`); anything
+    else passes through."""
+    if location is not None and location.startswith("s3://"):
+        try:
+            S3Uri.parse(location)
+        except StorageError as error:
+            raise ValueError(str(error)) from None
+    return location
 
 
 def transfer_config(workers: int = 16):
@@ -95,7 +110,11 @@ def build_manifest(local_dir: Path) -> dict[str, dict]:
     }
 
 
-def _explain(error: Exception, uri: S3Uri) -> StorageError:
+def _explain(
+    error: Exception,
+    uri: S3Uri,
+    missing: str = f"no {MANIFEST} (not a checkpoint pushed by cluster?)",
+) -> StorageError:
     """One line for the failures users hit; anything else keeps boto's own words."""
     from botocore.exceptions import ClientError, NoCredentialsError
 
@@ -117,7 +136,7 @@ def _explain(error: Exception, uri: S3Uri) -> StorageError:
         if code in ("AccessDenied", "403", "Forbidden") or status == 403:
             return StorageError(f"{uri}: permission denied ({code or status})")
         if code in ("NoSuchKey", "404", "NotFound"):
-            return StorageError(f"{uri}: no {MANIFEST} (not a checkpoint pushed by cluster?)")
+            return StorageError(f"{uri}: {missing}")
         return StorageError(f"{uri}: {code}: {error}")
     return StorageError(f"{uri}: {error}")
 
@@ -161,7 +180,12 @@ def read_manifest(uri: str, *, client=None) -> dict[str, dict]:
         body = client.get_object(Bucket=source.bucket, Key=source.key(MANIFEST))["Body"].read()
     except Exception as error:
         raise _explain(error, source) from error
-    files = json.loads(body)["files"]
+    try:
+        files = json.loads(body)["files"]
+        if not isinstance(files, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise StorageError(f"{source}: {MANIFEST} is not a manifest pushed by cluster") from None
     for key in files:
         check_relative_key(key, source)
     return files
@@ -194,7 +218,13 @@ def pull(
     with the manifest's hash are not downloaded again. `on_file_done` is called after each file
     is verified (tests use it to interrupt a pull part-way).
     """
-    source, final = S3Uri.parse(uri), Path(local_dir)
+    source, final = S3Uri.parse(uri), Path(local_dir).resolve()
+    if final.is_dir() and any(final.iterdir()) and not (final / MANIFEST).is_file():
+        # An update replaces the directory as a whole: never one this module did not install.
+        raise StorageError(
+            f"{final}: exists and holds no {MANIFEST} (not a pulled checkpoint); pull into a "
+            "new or empty directory"
+        )
     client = client or s3_client(workers=workers)
     manifest = read_manifest(uri, client=client)
     # One pull of a destination at a time: a second process waits, then finds it installed.
@@ -230,7 +260,12 @@ def _download(source, final, manifest, client, workers, on_file_done) -> None:
                     Callback=bar.update,
                 )
             except Exception as error:
-                raise _explain(error, source) from error
+                raise _explain(
+                    error,
+                    source,
+                    f"{relative}: in {MANIFEST} but not in S3 (the "
+                    "checkpoint changed while pulled? push it again)",
+                ) from error
             actual = sha256_file(partial)
             if actual != entry["sha256"]:
                 partial.unlink()
@@ -245,12 +280,32 @@ def _download(source, final, manifest, client, workers, on_file_done) -> None:
     total = sum(entry["size"] for entry in manifest.values())
     # Large files already parallelise over parts; small ones benefit from file-level threads.
     with _progress(total, f"pull {final.name}") as bar, ThreadPoolExecutor(4) as pool:
-        for future in [pool.submit(fetch, relative, bar) for relative in manifest]:
-            future.result()
+        futures = [pool.submit(fetch, relative, bar) for relative in manifest]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # report the first failure, not after the rest
+            raise
+    _prune(staging, manifest)
     (staging / MANIFEST).write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True))
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
+
+
+def _prune(staging: Path, manifest: dict[str, dict]) -> None:
+    """Remove from the staging directory what the manifest does not list: files of an earlier
+    version's interrupted pull, and the temporary files of a download that was killed. They
+    would be installed with the checkpoint (a stale shard index makes vLLM load the wrong
+    weights; an untrusted drafter with a stray file is refused)."""
+    for path in sorted(staging.rglob("*"), reverse=True):  # files before their directories
+        relative = path.relative_to(staging).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif relative not in manifest:
+            path.unlink()
 
 
 def _has(path: Path, entry: dict) -> bool:

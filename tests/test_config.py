@@ -108,6 +108,11 @@ BAD_CASES = {
         "pools[1].autoscaling.min_replicas",
     ),
     "duplicate pool name": (_mutate("pools.1.name", "speculative"), "pools[1].name"),
+    "s3 source without a bucket": (_mutate("targets.0.source", "s3://"), "targets[0].source"),
+    "s3 drafter that climbs out of the cache": (
+        _mutate("pools.0.speculation.drafter", "s3://weights/../../etc"),
+        "pools[0].speculation.drafter",
+    ),
     "cores per replica and per pool": (
         _mutate("pools.0.engine.cpu_cores_per_replica", ["0", "1"]),
         "pools[0].engine.cpu_cores_per_replica",

@@ -190,3 +190,42 @@ def test_concurrent_pulls_of_one_model_install_it_once(client, checkpoint, tmp_p
     assert paths[0] == paths[1] and _same_tree(checkpoint, tmp_path / "m5")
     # the second pull waited for the lock, then found the model installed
     assert len(downloaded) == len(storage.build_manifest(checkpoint))
+
+
+def test_leftovers_in_the_staging_directory_are_not_installed(client, checkpoint, tmp_path):
+    """An older version's interrupted pull and a killed download's temporary file stay out of
+    the installed checkpoint (a stray file makes an untrusted drafter fail validation)."""
+    storage.push(checkpoint, "s3://weights/models/m6", client=client)
+    staging = tmp_path / "m6.partial"
+    (staging / "old").mkdir(parents=True)
+    (staging / "old" / "model-00003.safetensors").write_bytes(b"stale shard")
+    (staging / "model-00002.safetensors.part.1a2b3c4d").write_bytes(b"half a download")
+    dest = storage.pull("s3://weights/models/m6", tmp_path / "m6", client=client)
+    assert _same_tree(checkpoint, dest)
+    assert not (dest / "old").exists()
+
+
+def test_a_directory_that_is_not_a_pulled_checkpoint_is_never_replaced(
+    client, checkpoint, tmp_path
+):
+    storage.push(checkpoint, "s3://weights/models/m7", client=client)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(storage.StorageError, match="holds no MANIFEST.json"):
+        storage.pull("s3://weights/models/m7", tmp_path / "mine", client=client)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _same_tree(checkpoint, storage.pull("s3://weights/models/m7", empty, client=client))
+
+
+@pytest.mark.parametrize("uri", ["s3://", "s3:///prefix", "s3://b/../../etc", "s3://b/m/./x"])
+def test_uris_without_a_bucket_or_that_climb_are_refused(uri):
+    with pytest.raises(storage.StorageError, match="s3://"):
+        storage.S3Uri.parse(uri)
+
+
+def test_a_malformed_manifest_is_a_storage_error(client, tmp_path):
+    client.put_object(Bucket="weights", Key="models/bad/MANIFEST.json", Body=b"not json")
+    with pytest.raises(storage.StorageError, match="not a manifest pushed by cluster"):
+        storage.pull("s3://weights/models/bad", tmp_path / "bad", client=client)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from cluster.config.base import Strict
+from cluster.storage import check_s3_uri
 
 
 class SpeculationConfig(Strict):
@@ -19,6 +20,8 @@ class SpeculationConfig(Strict):
 
     drafter: str | None = None
     """Drafter checkpoint (local path, relative to the config file, or `s3://`); `eagle3` only."""
+
+    _s3_drafter = field_validator("drafter")(check_s3_uri)
 
     trust_drafter_code: bool = False
     """Accept a drafter pulled from S3 that carries Python code (`auto_map`, `*.py`) or files

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from cluster.config.base import Strict
 from cluster.models import EMBEDDED_SOURCE_PREFIX
+from cluster.storage import check_s3_uri
 
 
 class TargetConfig(Strict):
@@ -23,6 +24,8 @@ class TargetConfig(Strict):
 
     tokenizer: str | None = None
     """Tokenizer location if it differs from `source` (the ingress counts prompt tokens with it)."""
+
+    _s3_source = field_validator("source")(check_s3_uri)
 
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Activation/weight dtype passed to vLLM."""

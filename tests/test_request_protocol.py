@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -32,6 +33,17 @@ def test_body_over_the_limit_is_413_by_header_and_by_count():
     error = asyncio.run(_expect(read(_chunks(b"x" * 600, b"x" * 600), None, 1024)))
     assert error.status == 413
     assert asyncio.run(read(_chunks(b"ab", b"c"), "3", 1024)) == b"abc"
+
+
+def test_a_client_gone_while_sending_the_body_is_499_not_a_server_bug():
+    from starlette.requests import ClientDisconnect
+
+    async def gone():
+        yield b"{"
+        raise ClientDisconnect()
+
+    error = asyncio.run(_expect(protocol.read_body(gone(), None, 1024)))
+    assert (error.status, error.code) == (499, "client_disconnected")
 
 
 async def _expect(coroutine) -> ApiError:
@@ -122,3 +134,19 @@ def test_prompt_text_and_token_counts():
     request = protocol.validate({"model": "m", "prompt": "x" * 40}, "completions")
     assert protocol.count_tokens(protocol.prompt_text(request), None) == 10
     assert protocol.count_tokens("a b c", str.split) == 3
+    # several prompts are several sequences: the longest is what must fit the context
+    request = protocol.validate({"model": "m", "prompt": ["x" * 40, "x" * 400]}, "completions")
+    assert protocol.count_tokens(protocol.prompt_text(request), None) == 100
+
+
+@pytest.mark.parametrize(
+    ("header", "kept"),
+    [("req-42.a:b_c", True), (None, False), ("", False), ("a key=admin", False),
+     ("x" * 129, False), ("x" * 128, True), ("a\r\nx-evil: 1", False)],
+)  # fmt: skip
+def test_a_client_request_id_is_kept_only_when_plain(header, kept):
+    from cluster.deployments.ingress import client_request_id
+
+    chosen = client_request_id(header)
+    assert (chosen == header) is kept
+    assert re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", chosen)

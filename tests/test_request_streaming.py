@@ -188,3 +188,38 @@ def test_clean_stream_gets_one_done():
 def test_error_table_never_answers_overload_with_500(error, status, retry_after):
     api = from_exception(error, 2)
     assert api.status == status and ("Retry-After" in api.headers()) == retry_after
+
+
+def test_a_client_gone_before_the_first_byte_frees_the_slot_and_stops_the_engine():
+    """Starlette cancels a response whose client disconnected, possibly before it iterates the
+    body: the body generator's own `finally` never runs, the answer's must."""
+    gate = _gates()["thr"]
+    rest = Scripted([[CHUNK]])
+    started = streaming.Started("thr", [CHUNK], rest, gate.try_enter(), 1)
+    ended = []
+    answer = streaming.StreamedAnswer(started, 2, lambda t: None, ended.append, {})
+
+    async def gone():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        await asyncio.sleep(0.05)  # the client's socket is slow; it has left meanwhile
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.3"}}  # uvicorn's, as Serve runs it
+    asyncio.run(answer(scope, gone, send))
+    assert gate.in_flight == 0 and rest.cancelled
+    assert ended == [streaming.CLIENT_LEFT]  # not counted against the SLO
+
+
+def test_a_client_gone_mid_stream_is_not_a_failure():
+    gate = _gates()["thr"]
+    started = streaming.Started("thr", [CHUNK], Scripted([[CHUNK]] * 5), gate.try_enter(), 1)
+    ended = []
+
+    async def read_one():
+        body = streaming.sse_body(started, 2, lambda t: None, ended.append)
+        await anext(body)
+        await body.aclose()
+
+    asyncio.run(read_one())
+    assert gate.in_flight == 0 and started.rest.cancelled and ended == [streaming.CLIENT_LEFT]

@@ -240,3 +240,17 @@ def test_with_slos_a_home_pool_short_of_headroom_gives_way_to_the_fastest_that_m
     # A smaller headroom keeps it home (just under what it has: not a float-rounding tie).
     modest = slo_of_rate(slo_rate, slo_headroom=0.99 * home_rate / slo_rate)
     assert choose_pool(short, loads(IDLE_S, busy_thr), model, modest).pool == THR
+
+
+def test_an_output_limit_past_a_float_is_routed_not_a_500(model):
+    """Any `int` validates as `max_tokens`; the prediction divides by it."""
+    from cluster.deployments.ingress import ROUTED_OUTPUT_TOKENS_CAP, routed_max_tokens
+    from cluster.request import protocol
+
+    huge = protocol.validate({"model": "m", "prompt": "hi", "max_tokens": 10**400}, "completions")
+    with pytest.raises(OverflowError):  # what the prediction did with it
+        choose_pool(RequestFeatures(5, huge.max_tokens), loads(IDLE_S, IDLE_T), model, RULE)
+    assert routed_max_tokens(huge) == ROUTED_OUTPUT_TOKENS_CAP
+    decision = choose_pool(RequestFeatures(5, routed_max_tokens(huge)), loads(IDLE_S, IDLE_T),
+                           model, RULE)  # fmt: skip
+    assert decision.reason == Reason.PREDICTED_FASTER

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
+from starlette.requests import ClientDisconnect
 
 from cluster.request.errors import ApiError
 
@@ -35,11 +36,21 @@ async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, li
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         raise _too_large(int(content_length), limit)
     body = bytearray()
-    async for chunk in chunks:
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(len(body), limit)
+    try:
+        async for chunk in chunks:
+            body += chunk
+            if len(body) > limit:
+                raise _too_large(len(body), limit)
+    except ClientDisconnect:  # nobody reads the answer; counted, not logged as a server bug
+        raise ApiError(
+            CLIENT_CLOSED_REQUEST, "the client disconnected while sending the body",
+            code="client_disconnected",
+        ) from None  # fmt: skip
     return bytes(body)
+
+
+CLIENT_CLOSED_REQUEST = 499
+"""nginx's status for a request whose client went away: what the rejection metric counts."""
 
 
 def _too_large(size: int, limit: int) -> ApiError:
@@ -181,8 +192,8 @@ def prompt_text(request: Any) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
         return max(prompt, key=len)  # the longest of several token-id prompts
-    if isinstance(prompt, list):
-        return "\n".join(p for p in prompt if isinstance(p, str))
+    if isinstance(prompt, list):  # several prompts, each its own sequence: the longest counts
+        return max((p for p in prompt if isinstance(p, str)), key=len, default="")
     return prompt or ""
 
 

@@ -5,8 +5,9 @@ Before the first output item nothing has reached the client, so a retryable fail
 died, pool unavailable or full, a 5xx from the engine) is retried: the chosen pool, then the
 target's other pool, alternating, `max_attempts` in all, each retry traced. After the first
 item a failure cannot be hidden: a stream ends with an OpenAI error event and `data: [DONE]`,
-never a bare connection close. A client that goes away is not a failure: nothing is recorded,
-and the pool call is cancelled so the engine stops generating.
+never a bare connection close. A client that goes away is not a failure: it is not counted
+against the SLO, and the pool call is cancelled so the engine stops generating, also when the
+client left before the body's first byte (`StreamedAnswer`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from cluster.request.admission import PoolGate, Slot
 from cluster.request.errors import (
@@ -27,6 +31,9 @@ from cluster.request.errors import (
 )
 
 DONE = "data: [DONE]\n\n"
+
+CLIENT_LEFT = "client_left"
+"""What `sse_body` reports to `finish` when the client went away (not a failure)."""
 
 
 @dataclass
@@ -136,6 +143,7 @@ async def sse_body(
             except StopAsyncIteration:
                 break
     except (asyncio.CancelledError, GeneratorExit):  # the client went away: not a failure
+        outcome = CLIENT_LEFT
         started.rest.cancel()
         raise
     except Exception as failure:
@@ -146,3 +154,33 @@ async def sse_body(
         finish(outcome)
     if not done:
         yield DONE
+
+
+class StreamedAnswer(StreamingResponse):
+    """The streamed response of a started pool call. Starlette may cancel a response before it
+    iterates the body (the client left while the first bytes were on their way), and a body
+    generator that never started never runs its `finally`: the slot and the engine's work would
+    be held for good. This lets them go however the response ends (each step is idempotent)."""
+
+    def __init__(
+        self,
+        started: Started,
+        retry_after_s: int,
+        observe: Callable[[str], None],
+        finish: Callable[[BaseException | str | None], None],
+        headers: dict[str, str],
+    ):
+        super().__init__(
+            sse_body(started, retry_after_s, observe, finish),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+        self._started, self._finish = started, finish
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._started.slot.release()
+            self._started.rest.cancel()
+            self._finish(CLIENT_LEFT)  # a no-op once the body has finished

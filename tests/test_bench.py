@@ -489,6 +489,12 @@ def test_table_summary_plots_and_readme(tmp_path):
     }
     doc, written = report.write(result, tmp_path, "benchmarks/results/bench/x")
     assert doc["repetitions"] == 3
+    assert doc["method"][0].startswith("Method: 3 repetitions") and "a balanced" in doc["method"][0]
+    # interrupted in its last repetition: the numbers come from the two complete ones
+    cut = {**result, "records": records[:-1]}
+    (tmp_path / "cut").mkdir()
+    cut_doc, _ = report.write(cut, tmp_path / "cut", "benchmarks/results/bench/cut")
+    assert cut_doc["repetitions"] == 2 and "a rotated (balanced every 3)" in cut_doc["method"][0]
     names = {(r["name"], r["metric"]) for r in doc["ratios"]}
     assert ("none/vllm-serve", "per_user_tok_s") in names
     assert ("eagle3.1/none", "aggregate_tok_s") in names

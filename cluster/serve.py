@@ -178,15 +178,20 @@ def serve_config(config: ClusterConfig, address: str | None = None) -> int:
             )
         idle_until_interrupted()
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip cleanup
         print("\nshutting down", flush=True)
         return 0
     except Exception as error:  # deployment failures: one clear line, then clean up
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1
     finally:
-        if address:
-            serve.delete(config.server.app_name)
-        else:
-            serve.shutdown()
-        ray.shutdown()
+        # Draining can take graceful_shutdown_timeout_s: another Ctrl-C or SIGTERM then must
+        # not cut it short and leave Ray behind, nor must a failing first step skip the second.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            if address:
+                serve.delete(config.server.app_name)
+            else:
+                serve.shutdown()
+        finally:
+            ray.shutdown()

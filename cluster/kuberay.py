@@ -335,6 +335,14 @@ def api_keys_mount(config: ClusterConfig) -> dict[str, Any]:
     }
 
 
+def _in_image(config: ClusterConfig, location: str) -> str:
+    """A local path as the app in the image reads it: an absolute one (a mounted file) as is,
+    a relative one (relative to the config file here) relative to the project root."""
+    if os.path.isabs(location):
+        return location
+    return os.path.relpath(config.resolve_path(location), PROJECT_ROOT)
+
+
 def serve_args_config(config: ClusterConfig) -> dict[str, Any]:
     """The config as `app_builder` receives it. Local paths, relative to the config file here,
     become relative to the project root, which the app resolves against (its working directory
@@ -342,9 +350,7 @@ def serve_args_config(config: ClusterConfig) -> dict[str, Any]:
     keys come from the secret the ingress pods mount (`api_keys_mount`)."""
     from cluster.deployments.app import builder_args_config
 
-    data = builder_args_config(
-        config, lambda location: os.path.relpath(config.resolve_path(location), PROJECT_ROOT)
-    )
+    data = builder_args_config(config, lambda location: _in_image(config, location))
     if api_keys_mount(config):
         data["server"]["auth"]["keys_file"] = f"{API_KEYS_DIR}/{API_KEYS_SECRET_KEY}"
     return data

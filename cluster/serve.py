@@ -39,11 +39,7 @@ def local_args_config(config: ClusterConfig) -> dict[str, Any]:
     directory)."""
     from cluster.deployments.app import builder_args_config
 
-    data = builder_args_config(config, config.resolve_path)
-    keys_file = config.server.auth.keys_file
-    if keys_file:
-        data["server"]["auth"]["keys_file"] = config.resolve_path(keys_file)
-    return data
+    return builder_args_config(config, config.resolve_path)
 
 
 def _wait_deployed(app_name: str) -> None:

@@ -304,6 +304,15 @@ def test_serve_config_is_valid_for_serve_and_carries_the_budget_policy(preset):
     assert any(d["name"] == instance.ingress for d in serve_app(documents)["deployments"])
 
 
+def test_an_absolute_path_reaches_the_image_as_is():
+    from cluster.config import parse_config
+
+    data = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
+    data["server"]["auth"] = {"required": True, "keys_file": "/etc/cluster/keys.json"}
+    args = serve_args_config(parse_config(data, base_dir=ROOT / "configs"))
+    assert args["server"]["auth"]["keys_file"] == "/etc/cluster/keys.json"
+
+
 @pytest.mark.parametrize("where", ["kuberay", "local"])
 def test_the_app_builder_gets_the_config_as_written(where, monkeypatch):
     """What `app_builder` parses (KubeRay's serveConfigV2 args, `cluster serve`'s declarative
@@ -313,6 +322,7 @@ def test_the_app_builder_gets_the_config_as_written(where, monkeypatch):
 
     data = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
     data["routing"]["slo_headroom"] = None  # the default is 1.25
+    data["server"]["auth"] = {"required": True, "keys_file": "keys.json"}  # beside the config
     config = parse_config(data, base_dir=ROOT / "configs")
     if where == "kuberay":
         args = serve_args_config(config)
@@ -325,3 +335,4 @@ def test_the_app_builder_gets_the_config_as_written(where, monkeypatch):
     assert built.resolve_path(built.routing.profile) == config.resolve_path(config.routing.profile)
     drafter = built.pools[0].speculation.drafter
     assert built.resolve_path(drafter) == config.resolve_path(config.pools[0].speculation.drafter)
+    assert built.resolve_path(built.server.auth.keys_file) == str(ROOT / "configs" / "keys.json")

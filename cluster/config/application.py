@@ -96,16 +96,17 @@ def is_local_path(location: str) -> bool:
 
 def map_local_paths(config_data: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any]:
     """A copy of config data (the YAML mapping) with each local target source and tokenizer,
-    drafter path and routing profile passed through `convert`; URIs and embedded sources stay
-    as they are."""
+    drafter path, routing profile and API keys file passed through `convert`; URIs and
+    embedded sources stay as they are."""
     data = copy.deepcopy(config_data)
     holders = [
         *data.get("targets", []),
         *(p.get("speculation") or {} for p in data.get("pools", [])),
         data.get("routing") or {},
+        (data.get("server") or {}).get("auth") or {},
     ]
     for holder in holders:
-        for key in ("source", "tokenizer", "drafter", "profile"):
+        for key in ("source", "tokenizer", "drafter", "profile", "keys_file"):
             if isinstance(holder.get(key), str) and is_local_path(holder[key]):
                 holder[key] = convert(holder[key])
     return data

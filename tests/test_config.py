@@ -150,6 +150,10 @@ def test_tp_beyond_one_node_cannot_strict_pack():
     data["targets"][0]["tensor_parallel_size"] = 16
     message = _error(data)
     assert "targets[0].tensor_parallel_size" in message and "STRICT_PACK" in message
+    for pool in data["pools"]:  # nor across nodes otherwise: one pod, weights on one node
+        pool["placement_strategy"] = "PACK"
+    message = _error(data)
+    assert "targets[0].tensor_parallel_size" in message and "spanning nodes" in message
 
 
 def test_cli_validate_reports_errors_with_exit_code(tmp_path, capsys):

@@ -128,9 +128,13 @@ def _check_parallelism(index: int, target: TargetConfig, pools: list[PoolConfig]
             f"{where}.tensor_parallel_size: TP x PP = {n} needs accelerators; "
             "set accelerator_type or use 1 on CPU"
         )
-    strict_pack = [p.name for p in pools if p.placement_strategy == "STRICT_PACK"]
-    if target.accelerator_type is not None and strict_pack and n > target.accelerators_per_node:
+    if target.accelerator_type is not None and n > target.accelerators_per_node:
+        # A replica is one pod (KubeRay) and stages its weights on its own node only.
+        names = ", ".join(p.name for p in pools)
+        strict = any(p.placement_strategy == "STRICT_PACK" for p in pools)
         raise ValueError(
-            f"{where}.tensor_parallel_size: TP x PP = {n} bundles cannot STRICT_PACK onto a node "
-            f"of {target.accelerators_per_node} accelerators (pools {', '.join(strict_pack)})"
+            f"{where}.tensor_parallel_size: TP x PP = {n} accelerators do not fit a node of "
+            f"{target.accelerators_per_node} (pools {names}"
+            + (": STRICT_PACK cannot place them" if strict else "")
+            + "); a replica spanning nodes is not supported"
         )

@@ -49,9 +49,10 @@ POOL_HEADER = "x-cluster-pool"
 REASON_HEADER = "x-cluster-route-reason"
 TRACE_HEADER = "x-cluster-trace-id"
 REQUEST_ID_HEADER = "x-request-id"
-CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-"""A client's `x-request-id` that is echoed and logged as is; any other gets a new id (it goes
-into a response header, every log line and the route log's memory)."""
+CLIENT_REQUEST_ID = re.compile(r"[!-~]{1,128}")
+"""A client's `x-request-id` that is echoed and logged as is (visible ASCII, no spaces, at most
+128 characters); any other gets a new id (it goes into a response header, every log line, where
+a space would start a forged field, and the route log's memory)."""
 
 
 def client_request_id(header: str | None) -> str:

@@ -336,17 +336,20 @@ def api_keys_mount(config: ClusterConfig) -> dict[str, Any]:
 
 
 def _in_image(config: ClusterConfig, location: str) -> str:
-    """A local path as the app in the image reads it: an absolute one (a mounted file) as is,
-    a relative one (relative to the config file here) relative to the project root."""
-    if os.path.isabs(location):
-        return location
-    return os.path.relpath(config.resolve_path(location), PROJECT_ROOT)
+    """A local path as the app in the image reads it: within this checkout, relative to the
+    project root (the image's working directory); outside it (a file mounted into the pod),
+    absolute as written."""
+    path = Path(config.resolve_path(location))
+    if path.is_relative_to(PROJECT_ROOT):
+        return os.path.relpath(path, PROJECT_ROOT)
+    return location if os.path.isabs(location) else str(path)
 
 
 def serve_args_config(config: ClusterConfig) -> dict[str, Any]:
-    """The config as `app_builder` receives it. Local paths, relative to the config file here,
-    become relative to the project root, which the app resolves against (its working directory
-    in the image); S3 URIs, what production configs use, pass through unchanged. Required API
+    """The config as `app_builder` receives it. Local paths within this checkout become
+    relative to the project root, which the app resolves against (its working directory in the
+    image), others stay absolute (`_in_image`); S3 URIs, what production configs use, pass
+    through unchanged. Required API
     keys come from the secret the ingress pods mount (`api_keys_mount`)."""
     from cluster.deployments.app import builder_args_config
 

@@ -182,7 +182,12 @@ def read_manifest(uri: str, *, client=None) -> dict[str, dict]:
         raise _explain(error, source) from error
     try:
         files = json.loads(body)["files"]
-        if not isinstance(files, dict):
+        if not isinstance(files, dict) or not all(
+            isinstance(e, dict)
+            and isinstance(e.get("size"), int)
+            and isinstance(e.get("sha256"), str)
+            for e in files.values()
+        ):
             raise TypeError
     except (ValueError, KeyError, TypeError):
         raise StorageError(f"{source}: {MANIFEST} is not a manifest pushed by cluster") from None
@@ -219,16 +224,16 @@ def pull(
     is verified (tests use it to interrupt a pull part-way).
     """
     source, final = S3Uri.parse(uri), Path(local_dir).resolve()
-    if final.is_dir() and any(final.iterdir()) and not (final / MANIFEST).is_file():
-        # An update replaces the directory as a whole: never one this module did not install.
-        raise StorageError(
-            f"{final}: exists and holds no {MANIFEST} (not a pulled checkpoint); pull into a "
-            "new or empty directory"
-        )
     client = client or s3_client(workers=workers)
     manifest = read_manifest(uri, client=client)
     # One pull of a destination at a time: a second process waits, then finds it installed.
     with exclusive(final.with_name(final.name + ".lock")):
+        if final.is_dir() and any(final.iterdir()) and not (final / MANIFEST).is_file():
+            # An update replaces the directory as a whole: never one this module did not install.
+            raise StorageError(
+                f"{final}: exists and holds no {MANIFEST} (not a pulled checkpoint); pull into "
+                "a new or empty directory"
+            )
         if not _installed(final, manifest):
             _download(source, final, manifest, client, workers, on_file_done)
     return final
@@ -237,6 +242,7 @@ def pull(
 def _download(source, final, manifest, client, workers, on_file_done) -> None:
     staging = final.with_name(final.name + _STAGING_SUFFIX)
     staging.mkdir(parents=True, exist_ok=True)
+    _prune(staging, manifest)
     config = transfer_config(workers)
 
     def fetch(relative: str, bar) -> None:
@@ -285,19 +291,25 @@ def _download(source, final, manifest, client, workers, on_file_done) -> None:
             for future in futures:
                 future.result()
         except BaseException:
-            pool.shutdown(cancel_futures=True)  # report the first failure, not after the rest
+            pool.shutdown(cancel_futures=True)  # the queued files are not started
             raise
-    _prune(staging, manifest)
     (staging / MANIFEST).write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True))
+    # The installed version moves aside before the new one takes its name, so the destination
+    # is at every moment a whole checkpoint or absent, never one half deleted.
+    previous = final.with_name(final.name + ".replaced")
+    if previous.exists():
+        shutil.rmtree(previous)
     if final.exists():
-        shutil.rmtree(final)
+        os.replace(final, previous)
     os.replace(staging, final)
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def _prune(staging: Path, manifest: dict[str, dict]) -> None:
-    """Remove from the staging directory what the manifest does not list: files of an earlier
-    version's interrupted pull, and the temporary files of a download that was killed. They
-    would be installed with the checkpoint (a stale shard index makes vLLM load the wrong
+    """Remove from the staging directory what the manifest does not list, before downloading
+    into it: files of an earlier version's interrupted pull (also where a file of this version
+    needs their name) and the temporary files of a download that was killed. They would be
+    installed with the checkpoint (a stale shard index makes vLLM load the wrong
     weights; an untrusted drafter with a stray file is refused)."""
     for path in sorted(staging.rglob("*"), reverse=True):  # files before their directories
         relative = path.relative_to(staging).as_posix()

@@ -304,13 +304,15 @@ def test_serve_config_is_valid_for_serve_and_carries_the_budget_policy(preset):
     assert any(d["name"] == instance.ingress for d in serve_app(documents)["deployments"])
 
 
-def test_an_absolute_path_reaches_the_image_as_is():
+def test_an_absolute_path_reaches_the_image_as_is_unless_it_is_in_the_checkout():
     from cluster.config import parse_config
 
     data = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
     data["server"]["auth"] = {"required": True, "keys_file": "/etc/cluster/keys.json"}
+    data["routing"]["profile"] = str(ROOT / "configs" / "profiles" / "embedded.yaml")
     args = serve_args_config(parse_config(data, base_dir=ROOT / "configs"))
-    assert args["server"]["auth"]["keys_file"] == "/etc/cluster/keys.json"
+    assert args["server"]["auth"]["keys_file"] == "/etc/cluster/keys.json"  # mounted in the pod
+    assert args["routing"]["profile"] == "configs/profiles/embedded.yaml"  # from the image's root
 
 
 @pytest.mark.parametrize("where", ["kuberay", "local"])

@@ -223,3 +223,21 @@ def test_a_client_gone_mid_stream_is_not_a_failure():
 
     asyncio.run(read_one())
     assert gate.in_flight == 0 and started.rest.cancelled and ended == [streaming.CLIENT_LEFT]
+
+
+def test_a_stream_that_ran_to_its_end_is_not_cancelled_again():
+    gate = _gates()["thr"]
+    rest = Scripted([[CHUNK], ["data: [DONE]\n\n"]])
+    started = streaming.Started("thr", [CHUNK], rest, gate.try_enter(), 1)
+    ended, sent = [], []
+    answer = streaming.StreamedAnswer(started, 2, lambda t: None, ended.append, {})
+
+    async def waiting():
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(answer({"type": "http", "asgi": {"spec_version": "2.4"}}, waiting, send))
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert gate.in_flight == 0 and not rest.cancelled and ended == [None]

@@ -200,6 +200,7 @@ def test_leftovers_in_the_staging_directory_are_not_installed(client, checkpoint
     (staging / "old").mkdir(parents=True)
     (staging / "old" / "model-00003.safetensors").write_bytes(b"stale shard")
     (staging / "model-00002.safetensors.part.1a2b3c4d").write_bytes(b"half a download")
+    (staging / "sub").write_bytes(b"a file where this version has a directory")
     dest = storage.pull("s3://weights/models/m6", tmp_path / "m6", client=client)
     assert _same_tree(checkpoint, dest)
     assert not (dest / "old").exists()
@@ -225,7 +226,20 @@ def test_uris_without_a_bucket_or_that_climb_are_refused(uri):
         storage.S3Uri.parse(uri)
 
 
-def test_a_malformed_manifest_is_a_storage_error(client, tmp_path):
-    client.put_object(Bucket="weights", Key="models/bad/MANIFEST.json", Body=b"not json")
+@pytest.mark.parametrize("body", [b"not json", b'{"files": {"a": "x"}}', b'{"files": []}'])
+def test_a_malformed_manifest_is_a_storage_error(client, tmp_path, body):
+    client.put_object(Bucket="weights", Key="models/bad/MANIFEST.json", Body=body)
     with pytest.raises(storage.StorageError, match="not a manifest pushed by cluster"):
         storage.pull("s3://weights/models/bad", tmp_path / "bad", client=client)
+
+
+def test_an_update_replaces_the_installed_version_whole(client, checkpoint, tmp_path):
+    storage.push(checkpoint, "s3://weights/models/m8", client=client)
+    dest = storage.pull("s3://weights/models/m8", tmp_path / "m8", client=client)
+    (checkpoint / "config.json").write_text(json.dumps({"hidden_size": 1152}))
+    (checkpoint / "model-00002.safetensors").unlink()
+    storage.push(checkpoint, "s3://weights/models/m8", client=client)
+    fetched: list[str] = []
+    storage.pull("s3://weights/models/m8", dest, client=client, on_file_done=fetched.append)
+    assert _same_tree(checkpoint, dest)
+    assert not (tmp_path / "m8.replaced").exists() and not (tmp_path / "m8.partial").exists()

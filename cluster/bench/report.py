@@ -40,7 +40,7 @@ def method_lines(result: dict[str, Any]) -> list[str]:
     """The method in two lines (what the README and every table open with)."""
     plan = result["plan"]
     reps = measured_repetitions(result)
-    configs = sum("skipped" not in config for config in result["configs"].values())
+    configs = len(stats.configs_of(stats.usable_records(result)))  # those the order visited
     balanced = configs and reps % configs == 0
     order = "a balanced" if balanced else f"a rotated (balanced every {configs})"
     eos = "forced to" if plan["ignore_eos"] else "stopping at the target's end, at most"

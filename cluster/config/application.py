@@ -134,7 +134,7 @@ def _check_parallelism(index: int, target: TargetConfig, pools: list[PoolConfig]
         strict = any(p.placement_strategy == "STRICT_PACK" for p in pools)
         raise ValueError(
             f"{where}.tensor_parallel_size: TP x PP = {n} accelerators do not fit a node of "
-            f"{target.accelerators_per_node} (pools {names}"
-            + (": STRICT_PACK cannot place them" if strict else "")
-            + "); a replica spanning nodes is not supported"
+            f"{target.accelerators_per_node}"
+            + (f" (pools {names}: STRICT_PACK cannot place them)" if strict else "")
+            + "; a replica spanning nodes is not supported"
         )

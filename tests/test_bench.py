@@ -138,6 +138,10 @@ def test_a_response_in_one_chunk_has_no_decode_timing():
     assert cell["per_user_tok_s"] == pytest.approx((63 + 60) / (2.5 + 3.0))
     single = metrics.RequestSample(0.1, 0.1, 1, 10, chunks=1)  # one token: nothing to time
     assert not single.unstreamed and single.tpot_s is None
+    # a chat stream's role-only first chunk, then every token at once: two chunks, no decode
+    with_role = metrics.RequestSample(0.2, 0.2004, 64, 10, chunks=2)
+    assert with_role.unstreamed and with_role.per_user_tok_s is None
+    assert not metrics.RequestSample(0.2, 2.7, 64, 10, chunks=2).unstreamed  # a real decode
 
 
 def test_per_request_pools_and_per_pool_aggregates():

@@ -5,7 +5,7 @@ turns them into `RequestSample`s, and `summarize` aggregates one (config, scenar
 
 - TTFT: time to first token.
 - TPOT: (latency - TTFT) / (output tokens - 1), the decode time per token a user sees. A
-  response whose tokens all arrived in one chunk (a starved proxy coalesces a stream) has no
+  response whose tokens all arrived in one piece (a starved proxy coalesces a stream) has no
   decode timing: it counts as `unstreamed` and stays out of TPOT and per-user tok/s.
 - per-user tok/s: 1 / TPOT, the rate one stream decodes at (what speculation lifts);
   per-user end-to-end tok/s: output tokens / latency (prefill included).
@@ -22,6 +22,11 @@ from typing import Any
 PERCENTILES = (50, 90, 99)
 
 
+UNSTREAMED_TOK_S = 1000.0
+"""A decode faster than this per user was not observed but delivered in one piece (the
+fastest single streams are a few hundred tokens/s)."""
+
+
 @dataclass(frozen=True)
 class RequestSample:
     ttft_s: float
@@ -35,8 +40,13 @@ class RequestSample:
 
     @property
     def unstreamed(self) -> bool:
-        """Several tokens, one chunk: the decode time was never observed."""
-        return self.output_tokens >= 2 and self.chunks == 1
+        """Several tokens, one chunk, or all of them faster than `UNSTREAMED_TOK_S`: the decode
+        time was never observed. (An OpenAI chat stream opens with a role-only chunk, which the
+        load generator takes for the first token, so a coalesced answer has two chunks.)"""
+        if self.output_tokens < 2:
+            return False
+        decode_s = self.latency_s - self.ttft_s
+        return self.chunks == 1 or decode_s < (self.output_tokens - 1) / UNSTREAMED_TOK_S
 
     @property
     def tpot_s(self) -> float | None:

@@ -137,8 +137,9 @@ def run_load(
 
 INTERRUPTED = threading.Event()
 """Set by Ctrl-C / SIGTERM. vLLM's load generator may swallow the KeyboardInterrupt inside its
-event loop (and the servers, which got the same Ctrl-C, are already going down), so the
-runner checks this after every replay instead of trusting the exception to arrive."""
+event loop, so the runner checks this after every replay (and on any error in a turn) instead
+of trusting the exception to arrive. The servers run in sessions of their own: the terminal's
+Ctrl-C does not reach them, the runner's exit stops them."""
 
 
 def _interrupt(*_: object) -> None:
@@ -265,9 +266,8 @@ def run(
                     result["configs"][name]["failed"] = f"{type(error).__name__}: {error}"[-4000:]
                     write_atomically(path, result)
                     del servers[name]
-                    if frozen is not None:  # a kept server that stopped answering
-                        frozen.thaw()  # a frozen process cannot act on its stop signal
-                        server.stop()  # its memory back for the others
+                    if frozen is not None:  # a kept server that stopped answering: its
+                        server.stop()  # memory back for the others (stop thaws it first)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_atomically(path, result)
     return result

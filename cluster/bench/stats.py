@@ -86,21 +86,21 @@ def paired(
     records: list[dict[str, Any]], numerator: str, denominator: str, cell: str, metric: str
 ) -> list[float]:
     """numerator / denominator within each repetition both measured."""
-    top, bottom = by_repetition(records, numerator, cell), by_repetition(records, denominator, cell)
-    ratios = []
-    for rep in sorted(top.keys() & bottom.keys()):
-        a, b = top[rep][metric], bottom[rep][metric]
-        if b and math.isfinite(a) and math.isfinite(b):
-            ratios.append(a / b)
-    return ratios
+    pairs = _pairs(records, numerator, denominator, cell, metric)
+    return [a / b for a, b in pairs if b and math.isfinite(a) and math.isfinite(b)]
 
 
 def paired_difference(
     records: list[dict[str, Any]], numerator: str, denominator: str, cell: str, metric: str
 ) -> list[float]:
     """numerator - denominator within each repetition (e.g. added TTFT)."""
+    return [a - b for a, b in _pairs(records, numerator, denominator, cell, metric)]
+
+
+def _pairs(records, numerator: str, denominator: str, cell: str, metric: str):
+    """(numerator's, denominator's) `metric` in each repetition both measured, in order."""
     top, bottom = by_repetition(records, numerator, cell), by_repetition(records, denominator, cell)
-    return [top[r][metric] - bottom[r][metric] for r in sorted(top.keys() & bottom.keys())]
+    return [(top[r][metric], bottom[r][metric]) for r in sorted(top.keys() & bottom.keys())]
 
 
 def cells_of(records: list[dict[str, Any]]) -> list[tuple[str, str, int]]:

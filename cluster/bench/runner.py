@@ -224,6 +224,9 @@ def run(
             servers = {config.name: (config, None, None) for config in unfinished}
         else:
             servers = start_all(unfinished, preset_dir, result, stack, bar)
+        # A resume starts its servers afresh: each measures one discarded cell before its first
+        # counted one, as the warm-up repetition did for the servers before the interruption.
+        cold = set(servers) if done and not plan.restart_servers else set()
         for repetition in range(plan.repetitions):
             # A repetition that began before a resume keeps the order it ran in.
             ran = result["order"].get(str(repetition), [])
@@ -248,6 +251,13 @@ def run(
                                 f"stopped answering at repetition {repetition}: {problem}\n"
                                 + server.log()[-4000:]
                             )
+                        if name in cold and repetition >= plan.warmup:
+                            bar.set_postfix(rep=repetition, config=name, cell="warm-up")
+                            measure(
+                                config, server, model, tokenizer,
+                                prompts[(0, cells[0].name)], cells[0], plan, 0,
+                            )  # fmt: skip
+                        cold.discard(name)
                         for cell in missing:
                             bar.set_postfix(rep=repetition, config=name, cell=cell.name)
                             record = measure(

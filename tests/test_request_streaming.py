@@ -241,3 +241,47 @@ def test_a_stream_that_ran_to_its_end_is_not_cancelled_again():
     asyncio.run(answer({"type": "http", "asgi": {"spec_version": "2.4"}}, waiting, send))
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     assert gate.in_flight == 0 and not rest.cancelled and ended == [None]
+
+
+class Slow(Scripted):
+    """A pool call whose first item takes `delay_s` (a cold start, or a whole answer)."""
+
+    def __init__(self, items, delay_s):
+        super().__init__(items)
+        self.delay_s = delay_s
+
+    async def __anext__(self):
+        await asyncio.sleep(self.delay_s)
+        return await super().__anext__()
+
+
+def _cold_start(wakes_after_s: float | None):
+    """A pool at zero (queue timeout 0.1 s) whose first item comes after 0.3 s; its replica
+    is counted running after `wakes_after_s` (None: never)."""
+    gate = PoolGate("thr", per_replica=4, max_queued=0, queue_timeout_s=0.1, retry_after_s=2,
+                    scales_from_zero=True)  # fmt: skip
+    gate.set_replicas(0)
+    stream = Slow([[CHUNK]], 0.3)
+
+    async def go():
+        if wakes_after_s is not None:
+            asyncio.get_running_loop().call_later(wakes_after_s, gate.set_replicas, 1)
+        slot = gate.try_enter()
+        return await streaming.start(["thr"], slot, {"thr": gate}, lambda p: stream,
+                                     lambda p, e: None)  # fmt: skip
+
+    return go, gate, stream
+
+
+def test_a_pool_that_never_wakes_is_a_503_after_the_queue_timeout():
+    go, gate, stream = _cold_start(None)
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(go())
+    assert caught.value.status == 503 and gate.in_flight == 0 and stream.cancelled
+
+
+def test_a_pool_that_woke_is_waited_for_past_the_queue_timeout():
+    """Once a replica runs, the wait is for the answer (a non-streamed one is all of it)."""
+    go, gate, stream = _cold_start(0.05)
+    started = asyncio.run(go())
+    assert started.first == [CHUNK] and gate.in_flight == 1 and not stream.cancelled

@@ -74,9 +74,7 @@ async def start(
         stream = None
         try:
             stream = call(pool)  # inside: a call that raises at once must free the slot too
-            # A cold pool's first call waits in Serve for a replica to start: bounded here.
-            timeout = gate.queue_timeout_s if gate.cold else None
-            first = await asyncio.wait_for(anext(stream), timeout)
+            first = await _first_item(stream, gate)
             error = _error_in(first)
         except BaseException as failure:
             slot.release()
@@ -102,6 +100,25 @@ async def start(
             on_retry(pool, error)
     assert last is not None
     raise last
+
+
+async def _first_item(stream: Any, gate: PoolGate) -> Any:
+    """The pool call's first item. A cold pool's first call waits in Serve for a replica to
+    start: that wait is bounded by `queue_timeout_s` (TimeoutError), the answer is not once a
+    replica runs (a non-streamed answer is the first item: its whole generation)."""
+    if not gate.cold:
+        return await anext(stream)
+    pending = asyncio.ensure_future(anext(stream))
+    try:
+        return await asyncio.wait_for(asyncio.shield(pending), gate.queue_timeout_s)
+    except TimeoutError:
+        if gate.cold:  # still no replica (the ingress refreshes the count meanwhile)
+            pending.cancel()
+            raise
+        return await pending
+    except BaseException:
+        pending.cancel()
+        raise
 
 
 def _error_in(item: Any) -> ApiError | None:

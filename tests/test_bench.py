@@ -142,6 +142,7 @@ def test_a_response_in_one_chunk_has_no_decode_timing():
     with_role = metrics.RequestSample(0.2, 0.2004, 64, 10, chunks=2)
     assert with_role.unstreamed and with_role.per_user_tok_s is None
     assert not metrics.RequestSample(0.2, 2.7, 64, 10, chunks=2).unstreamed  # a real decode
+    assert not metrics.RequestSample(0.2, 0.216, 32, 10, chunks=32).unstreamed  # 2k tok/s: a GPU
 
 
 def test_per_request_pools_and_per_pool_aggregates():

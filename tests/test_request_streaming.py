@@ -4,6 +4,7 @@ The pool calls here are scripted async iterators with the `cancel()` of Serve's
 `DeploymentResponseGenerator`; the e2e reliability test kills real replicas."""
 
 import asyncio
+import gc
 import json
 
 import pytest
@@ -255,13 +256,23 @@ class Slow(Scripted):
         return await super().__anext__()
 
 
-def _cold_start(wakes_after_s: float | None):
+class CancelledAsError(Slow):
+    """Like Serve's generator: a cancel while waiting comes back as an error of its own."""
+
+    async def __anext__(self):
+        try:
+            return await super().__anext__()
+        except asyncio.CancelledError:
+            raise RuntimeError("request cancelled") from None
+
+
+def _cold_start(wakes_after_s: float | None, kind=Slow):
     """A pool at zero (queue timeout 0.1 s) whose first item comes after 0.3 s; its replica
     is counted running after `wakes_after_s` (None: never)."""
     gate = PoolGate("thr", per_replica=4, max_queued=0, queue_timeout_s=0.1, retry_after_s=2,
                     scales_from_zero=True)  # fmt: skip
     gate.set_replicas(0)
-    stream = Slow([[CHUNK]], 0.3)
+    stream = kind([[CHUNK]], 0.3)
 
     async def go():
         if wakes_after_s is not None:
@@ -285,3 +296,11 @@ def test_a_pool_that_woke_is_waited_for_past_the_queue_timeout():
     go, gate, stream = _cold_start(0.05)
     started = asyncio.run(go())
     assert started.first == [CHUNK] and gate.in_flight == 1 and not stream.cancelled
+
+
+def test_a_cold_wait_given_up_leaves_no_error_unread(caplog):
+    go, _, _ = _cold_start(None, CancelledAsError)
+    with pytest.raises(ApiError):
+        asyncio.run(go())
+    gc.collect()  # an unread task exception is reported when the task is collected
+    assert "never retrieved" not in caplog.text

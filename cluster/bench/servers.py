@@ -94,10 +94,11 @@ class RayLLMServer(ChildServer):
 
     name = "rayllm"
 
-    def __init__(self, llm_config: dict[str, Any]):
+    def __init__(self, llm_config: dict[str, Any], environment: dict[str, str]):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
+        env.update(environment)  # a lever's (`rayllm:<lever>`)
         argv = [sys.executable, "-m", "cluster.bench.rayllm_app", json.dumps(llm_config)]
         super().__init__([*argv, str(self.port)], env)
 
@@ -155,7 +156,7 @@ def start(config, preset_dir: Path):
         return InProcessServer(llm_config)
     if config.kind == "rayllm":
         llm_config.pop("experimental_configs", None)  # Ray's defaults, not ours
-        return RayLLMServer(llm_config)
+        return RayLLMServer(llm_config, config.environment)
     raise ValueError(f"unknown server kind {config.kind!r}")
 
 

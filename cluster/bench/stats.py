@@ -113,11 +113,18 @@ def configs_of(records: list[dict[str, Any]]) -> list[str]:
     return sorted({r["config"] for r in records})
 
 
+def base_of(config: str) -> str:
+    """The configuration a lever variant (`<base>:<lever>`) changes; others are their own."""
+    return config.partition(":")[0]
+
+
 def ratios(records: list[dict[str, Any]], pairs=RATIO_PAIRS) -> list[dict[str, Any]]:
-    """Paired ratios of every pair that ran, per cell and ratio metric."""
+    """Paired ratios of every pair that ran, and of each lever variant over its base, per cell
+    and ratio metric."""
     present = set(configs_of(records))
+    levers = tuple((c, base_of(c)) for c in sorted(present) if base_of(c) != c)
     rows = []
-    for numerator, denominator in pairs:
+    for numerator, denominator in (*pairs, *levers):
         if numerator not in present or denominator not in present:
             continue
         for cell, workload, concurrency in cells_of(records):
@@ -172,7 +179,7 @@ def routing_points(
     way: what "within noise" means in that cell. Picking the best of several statics favours
     whichever was luckier, so when they run the same engines the runner-up's ratio is below 1
     by that luck alone, and so is routed's."""
-    statics = [c for c in configs_of(records) if c != routed and c not in BASELINE_NAMES]
+    statics = [c for c in configs_of(records) if c != routed and base_of(c) not in BASELINE_NAMES]
     points = []
     for cell, workload, concurrency in cells_of(records):
         ours = cell_stats(records, routed, cell)[metric]

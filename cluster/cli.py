@@ -84,8 +84,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     from cluster import storage
 
     client = storage.s3_client(args.endpoint_url, args.workers)
-    path = storage.pull(args.uri, args.local_dir, client=client, workers=args.workers)
-    print(f"ready: {path}")
+    version = storage.pull(args.uri, args.local_dir, client=client, workers=args.workers)
+    print(f"ready: {args.local_dir} -> {version}")
     return 0
 
 

@@ -71,6 +71,14 @@ def local_model_path(config: ClusterConfig, target: TargetConfig) -> str:
     return config.resolve_path(target.source)
 
 
+def absolute_keeping_link(path: str | Path) -> Path:
+    """`path` made absolute with its parents resolved but not itself: a model directory that
+    `cluster models pull` keeps is a link to its current version, which whoever reads it later
+    (a replica started after the next pull) must follow anew."""
+    path = Path(os.path.abspath(path))
+    return path.parent.resolve() / path.name
+
+
 @contextlib.contextmanager
 def exclusive(lock_path: Path) -> Iterator[None]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)

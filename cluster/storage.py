@@ -3,11 +3,13 @@
 - `push LOCAL_DIR s3://bucket/prefix`: multipart, parallel uploads (boto3 `TransferConfig`), then
   `MANIFEST.json` (relative path -> size and SHA-256) written last, so a prefix with a manifest
   is a complete checkpoint.
-- `pull s3://bucket/prefix LOCAL_DIR`: reads the manifest, downloads into a staging directory
-  next to the destination, skips files already there with the right hash (resume), verifies
-  every hash, and only then renames the staging directory into place: a partial download is
-  never visible as a model. Manifest keys that are absolute or climb out of the directory are
-  refused, and a lock file next to the destination serialises concurrent pulls of one model.
+- `pull s3://bucket/prefix LOCAL_DIR`: reads the manifest, downloads into a staging directory,
+  skips files already there with the right hash (resume), verifies every hash, and only then
+  renames the staging directory into `LOCAL_DIR.versions/<manifest hash>` and swaps the
+  `LOCAL_DIR` symlink to it: a partial download is never visible as a model, and a loader
+  reading the version it was given never sees the next one's files. Manifest keys that are
+  absolute or climb out of the directory are refused, and a lock file next to the destination
+  serialises concurrent pulls of one model.
 
 Errors (missing bucket, missing credentials, permission denied, checksum mismatch) are raised as
 `StorageError` with one clear line.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -24,11 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from cluster.models import cache_dir, exclusive, replace_directory
+from cluster.models import absolute_keeping_link, cache_dir, exclusive, replace_directory
 
 MANIFEST = "MANIFEST.json"
 _STAGING_SUFFIX = ".partial"
+_VERSIONS_SUFFIX = ".versions"
 MiB = 1024 * 1024
+logger = logging.getLogger(__name__)
 
 
 class StorageError(RuntimeError):
@@ -214,6 +219,12 @@ def check_relative_key(key: str, source: object) -> None:
         raise StorageError(f"{source}: manifest key {key!r} escapes the checkpoint directory")
 
 
+def version_id(manifest: dict[str, dict]) -> str:
+    """A version's directory name: the hash of its manifest (same manifest, same files)."""
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()[:16]
+
+
 def pull(
     uri: str,
     local_dir: str | Path,
@@ -222,42 +233,107 @@ def pull(
     workers: int = 16,
     on_file_done: Callable[[str], None] | None = None,
 ) -> Path:
-    """Download a pushed checkpoint into `local_dir`, atomically and resumably.
+    """Download a pushed checkpoint and point `local_dir` at it, atomically and resumably;
+    returns the version's own directory, which is what a loader should read.
 
-    Files already in the staging directory (an interrupted pull) or in an existing `local_dir`
-    with the manifest's hash are not downloaded again. `on_file_done` is called after each file
-    is verified (tests use it to interrupt a pull part-way).
+    Each version is installed whole in `<local_dir>.versions/<version_id>/` and `local_dir` is
+    a symlink to it, swapped in one rename. A replica that loads from the returned path keeps
+    reading the version it started with when the prefix is pushed again and a neighbour on the
+    node pulls the update (a directory replaced in place would hand it the new version's
+    shards half-way through its load). The linked version and the one it replaced are kept,
+    older ones removed. Files of an interrupted pull, or unchanged since the linked version
+    (hard-linked, not copied), are not downloaded again. `on_file_done` is called after each
+    file is verified (tests use it to interrupt a pull part-way).
     """
-    source, final = S3Uri.parse(uri), Path(local_dir).resolve()
+    source, final = S3Uri.parse(uri), absolute_keeping_link(local_dir)
     client = client or s3_client(workers=workers)
-    manifest = read_manifest(uri, client=client)
+    versions = final.with_name(final.name + _VERSIONS_SUFFIX)
     # One pull of a destination at a time: a second process waits, then finds it installed.
     with exclusive(final.with_name(final.name + ".lock")):
-        if final.is_dir() and any(final.iterdir()) and not (final / MANIFEST).is_file():
-            # An update replaces the directory as a whole: never one this module did not install.
-            raise StorageError(
-                f"{final}: exists and holds no {MANIFEST} (not a pulled checkpoint); pull into "
-                "a new or empty directory"
-            )
-        if not _installed(final, manifest):
-            _download(source, final, manifest, client, workers, on_file_done)
-    return final
+        # Read under the lock: a pull that waited must not link back an older version.
+        manifest = read_manifest(uri, client=client)
+        wanted = versions / version_id(manifest)
+        current = _linked_version(final, versions)
+        if not _installed(wanted, manifest):
+            staging = wanted.with_name(wanted.name + _STAGING_SUFFIX)
+            _remove_versions(versions, keep={current, wanted, staging})  # room first
+            _download(source, staging, manifest, current, client, workers, on_file_done)
+            replace_directory(staging, wanted)
+        if current != wanted:
+            _link(final, wanted)
+        _remove_versions(versions, keep={current, wanted})
+    return wanted
 
 
-def _download(source, final, manifest, client, workers, on_file_done) -> None:
-    staging = final.with_name(final.name + _STAGING_SUFFIX)
+def _remove_versions(versions: Path, keep: set[Path | None]) -> None:
+    """Remove what `versions` holds besides `keep`: older versions and other versions'
+    stagings. Best effort: a file system that refuses (a file still open on NFS) leaves it for
+    the next pull, the pull itself has succeeded."""
+    if not versions.is_dir():
+        return
+    for old in set(versions.iterdir()) - keep:
+        try:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+        except OSError as error:
+            logger.warning("could not remove %s (the next pull tries again): %s", old, error)
+
+
+def _linked_version(final: Path, versions: Path) -> Path | None:
+    """The version `final` points at (None: nothing installed yet). A directory installed
+    whole by an earlier release of this module becomes a version; one that is not a pulled
+    checkpoint is refused, never replaced."""
+    if final.is_symlink():
+        target = final.resolve()
+        if target.parent != versions:
+            raise StorageError(f"{final}: a link to {target}, not to a pulled version; remove it")
+        return target
+    if not final.exists():
+        return None
+    if final.is_dir() and not any(final.iterdir()):
+        final.rmdir()
+        return None
+    try:
+        legacy = versions / version_id(json.loads((final / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise StorageError(
+            f"{final}: exists and holds no {MANIFEST} (not a pulled checkpoint); pull into "
+            "a new or empty directory"
+        ) from None
+    versions.mkdir(parents=True, exist_ok=True)
+    replace_directory(final, legacy)
+    _link(final, legacy)
+    return legacy
+
+
+def _link(final: Path, version: Path) -> None:
+    """Point `final` at `version` in one rename (relative: the cache may be mounted elsewhere)."""
+    link = final.with_name(final.name + ".link")
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path(version.parent.name) / version.name)
+    os.replace(link, final)
+
+
+def _download(source, staging, manifest, current, client, workers, on_file_done) -> None:
+    """Fill `staging` with the manifest's files, each verified."""
     staging.mkdir(parents=True, exist_ok=True)
     _prune(staging, manifest)
     config = transfer_config(workers)
 
     def fetch(relative: str, bar) -> None:
         entry, path = manifest[relative], staging / relative
-        previous = final / relative
+        previous = current / relative if current else None
         if _has(path, entry):  # staged by an interrupted pull
             bar.update(entry["size"])
-        elif _has(previous, entry):  # unchanged in the installed version
+        elif previous and _has(previous, entry):  # unchanged in the linked version
             path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(previous, path)
+            path.unlink(missing_ok=True)  # a damaged staged copy: never written through
+            try:
+                os.link(previous, path)  # versions are never written to: share the blocks
+            except OSError:
+                shutil.copy2(previous, path)
             bar.update(entry["size"])
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -290,7 +366,7 @@ def _download(source, final, manifest, client, workers, on_file_done) -> None:
 
     total = sum(entry["size"] for entry in manifest.values())
     # Large files already parallelise over parts; small ones benefit from file-level threads.
-    with _progress(total, f"pull {final.name}") as bar, ThreadPoolExecutor(4) as pool:
+    with _progress(total, f"pull {source}") as bar, ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(fetch, relative, bar) for relative in manifest]
         try:
             for future in futures:
@@ -299,7 +375,6 @@ def _download(source, final, manifest, client, workers, on_file_done) -> None:
             pool.shutdown(cancel_futures=True)  # the queued files are not started
             raise
     (staging / MANIFEST).write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True))
-    replace_directory(staging, final)
 
 
 def _prune(staging: Path, manifest: dict[str, dict]) -> None:

@@ -184,15 +184,18 @@ def test_a_missing_routing_profile_is_named():
 def test_relative_paths_resolve_against_the_config_file(tmp_path):
     # a real drafter must be there: the config validates it against the target when it loads
     shutil.copytree(SHIPPED_DRAFTER, tmp_path / "drafters" / "mine")
+    # A link stays the link: `cluster models pull` keeps a directory as a link to its current
+    # version, which a replica started after the next pull must follow anew.
+    (tmp_path / "drafters" / "current").symlink_to("mine")
     data = _mutate(
         "pools.0.speculation",
-        {"method": "eagle3", "drafter": "drafters/mine", "num_speculative_tokens": 3},
+        {"method": "eagle3", "drafter": "drafters/./current", "num_speculative_tokens": 3},
     )
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data))
     rendered = render(load_config(path))
     spec = rendered["pools"]["speculative"]["llm_config"]["engine_kwargs"]["speculative_config"]
-    assert spec["model"] == str(tmp_path / "drafters" / "mine")
+    assert spec["model"] == str(tmp_path / "drafters" / "current")
 
 
 def test_cli_render_prints_what_will_be_deployed(capsys):

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
+from pathlib import Path
 
 import boto3
 import pytest
@@ -17,6 +20,7 @@ from cluster import storage
 from cluster.cli import main
 
 MiB = 1024 * 1024
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +82,10 @@ def test_round_trip_with_multipart(client, checkpoint, tmp_path):
     assert remote == manifest
 
     dest = tmp_path / "pulled"
-    assert storage.pull("s3://weights/models/m1", dest, client=client) == dest
-    assert _same_tree(checkpoint, dest)
-    assert not (tmp_path / "pulled.partial").exists()
+    version = storage.pull("s3://weights/models/m1", dest, client=client)
+    assert version == tmp_path / "pulled.versions" / storage.version_id(manifest)
+    assert dest.resolve() == version and _same_tree(checkpoint, dest)
+    assert [p.name for p in version.parent.iterdir()] == [version.name]  # no staging left
 
 
 def test_interrupted_pull_resumes_and_is_never_visible(client, checkpoint, tmp_path):
@@ -97,7 +102,8 @@ def test_interrupted_pull_resumes_and_is_never_visible(client, checkpoint, tmp_p
             "s3://weights/models/m2", dest, client=client, on_file_done=interrupt_after_first
         )
     assert not dest.exists()  # the partial download is not visible as a model
-    staged = tmp_path / "pulled.partial" / done[0]
+    version = storage.version_id(storage.read_manifest("s3://weights/models/m2", client=client))
+    staged = tmp_path / "pulled.versions" / f"{version}.partial" / done[0]
     assert staged.is_file()
     staged_mtime = staged.stat().st_mtime_ns
 
@@ -195,8 +201,8 @@ def test_concurrent_pulls_of_one_model_install_it_once(client, checkpoint, tmp_p
 def test_leftovers_in_the_staging_directory_are_not_installed(client, checkpoint, tmp_path):
     """An older version's interrupted pull and a killed download's temporary file stay out of
     the installed checkpoint (a stray file makes an untrusted drafter fail validation)."""
-    storage.push(checkpoint, "s3://weights/models/m6", client=client)
-    staging = tmp_path / "m6.partial"
+    manifest = storage.push(checkpoint, "s3://weights/models/m6", client=client)
+    staging = tmp_path / "m6.versions" / f"{storage.version_id(manifest)}.partial"
     (staging / "old").mkdir(parents=True)
     (staging / "old" / "model-00003.safetensors").write_bytes(b"stale shard")
     (staging / "model-00002.safetensors.part.1a2b3c4d").write_bytes(b"half a download")
@@ -233,13 +239,104 @@ def test_a_malformed_manifest_is_a_storage_error(client, tmp_path, body):
         storage.pull("s3://weights/models/bad", tmp_path / "bad", client=client)
 
 
-def test_an_update_replaces_the_installed_version_whole(client, checkpoint, tmp_path):
-    storage.push(checkpoint, "s3://weights/models/m8", client=client)
-    dest = storage.pull("s3://weights/models/m8", tmp_path / "m8", client=client)
+def test_an_update_never_changes_the_version_a_loader_was_given(client, checkpoint, tmp_path):
+    """A replica loading the first version while a neighbour on the node pulls a re-push of
+    the prefix keeps reading the first version's files (an in-place replacement handed it the
+    new shards half-way through its load); the link moves to the new version in one rename."""
+    uri, dest = "s3://weights/models/m8", tmp_path / "m8"
+    storage.push(checkpoint, uri, client=client)
+    loading = storage.pull(uri, dest, client=client)
+    first_config = (loading / "config.json").read_text()
     (checkpoint / "config.json").write_text(json.dumps({"hidden_size": 1152}))
     (checkpoint / "model-00002.safetensors").unlink()
-    storage.push(checkpoint, "s3://weights/models/m8", client=client)
+    storage.push(checkpoint, uri, client=client)
     fetched: list[str] = []
-    storage.pull("s3://weights/models/m8", dest, client=client, on_file_done=fetched.append)
+    updated = storage.pull(uri, dest, client=client, on_file_done=fetched.append)
+    assert updated != loading and dest.resolve() == updated and _same_tree(checkpoint, dest)
+    assert (loading / "config.json").read_text() == first_config
+    assert (loading / "model-00002.safetensors").is_file()
+    # The unchanged shard is shared with the first version, not copied.
+    shard = "model-00001.safetensors"
+    assert (updated / shard).stat().st_ino == (loading / shard).stat().st_ino
+    # A third version removes the first; the one it replaces stays for its loaders.
+    (checkpoint / "config.json").write_text(json.dumps({"hidden_size": 2048}))
+    storage.push(checkpoint, uri, client=client)
+    latest = storage.pull(uri, dest, client=client)
+    assert sorted(p.name for p in latest.parent.iterdir()) == sorted([updated.name, latest.name])
+
+
+def test_a_pull_that_waited_for_the_lock_installs_what_is_pushed_meanwhile(
+    client, checkpoint, tmp_path
+):
+    """A pull waiting behind another reads the manifest once it holds the lock: one that read
+    it before would link an older version back over a newer one (or fail its checksums)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cluster.models import exclusive
+
+    uri, dest = "s3://weights/models/m10", tmp_path / "m10"
+    storage.push(checkpoint, uri, client=client)
+    with ThreadPoolExecutor(1) as pool:
+        with exclusive(tmp_path / "m10.lock"):  # another pull of this destination
+            waiting = pool.submit(storage.pull, uri, dest, client=client)
+            time.sleep(0.5)  # it is waiting for the lock now
+            (checkpoint / "config.json").write_text(json.dumps({"hidden_size": 1152}))
+            newer = storage.push(checkpoint, uri, client=client)
+        assert waiting.result().name == storage.version_id(newer)
     assert _same_tree(checkpoint, dest)
-    assert not (tmp_path / "m8.replaced").exists() and not (tmp_path / "m8.partial").exists()
+
+
+def test_a_directory_installed_by_an_earlier_release_becomes_a_version(
+    client, checkpoint, tmp_path
+):
+    """Caches filled before versions existed hold the checkpoint in place: it is kept (a
+    loader may be reading it) and the link takes its name."""
+    uri, dest = "s3://weights/models/m9", tmp_path / "m9"
+    manifest = storage.push(checkpoint, uri, client=client)
+    shutil.copytree(storage.pull(uri, tmp_path / "scratch", client=client), dest)
+    fetched: list[str] = []
+    version = storage.pull(uri, dest, client=client, on_file_done=fetched.append)
+    assert fetched == [] and dest.is_symlink() and _same_tree(checkpoint, dest)
+    assert version.name == storage.version_id(manifest)
+
+
+def test_a_replica_loads_the_pulled_versions_and_refuses_an_untrusted_drafter(
+    s3_endpoint, client, tmp_path, monkeypatch
+):
+    """What a pool replica does before its engine starts (`stage_s3_sources`): the target and
+    the drafter are pulled into the node's cache and vLLM is pointed at the versions' own
+    directories; a drafter with a file that is not weights, config or tokenizer is refused."""
+    from ray.serve.llm import LLMConfig
+
+    from cluster.deployments.pool_server import stage_s3_sources
+
+    monkeypatch.setenv("CLUSTER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    drafter = tmp_path / "drafter"
+    shutil.copytree(ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1", drafter)
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(
+        json.dumps({"hidden_size": 576, "vocab_size": 49152, "num_hidden_layers": 30})
+    )
+    storage.push(target, "s3://weights/stage/target", client=client)
+    storage.push(drafter, "s3://weights/stage/drafter", client=client)
+
+    def staged() -> LLMConfig:
+        config = LLMConfig(
+            model_loading_config={"model_id": "m", "model_source": "s3://weights/stage/target"},
+            engine_kwargs={"speculative_config": {"model": "s3://weights/stage/drafter"}},
+        )
+        stage_s3_sources(config)
+        return config
+
+    config = staged()
+    source = config.model_loading_config.model_source
+    assert source == str(storage.cached_path("s3://weights/stage/target").resolve())
+    assert ".versions" in source and _same_tree(target, Path(source))
+    spec_model = Path(config.engine_kwargs["speculative_config"]["model"])
+    assert spec_model == storage.cached_path("s3://weights/stage/drafter").resolve()
+    (drafter / "loader.py").write_text("import os")
+    storage.push(drafter, "s3://weights/stage/drafter", client=client)
+    with pytest.raises(ValueError, match="loader.py: not a safetensors"):
+        staged()

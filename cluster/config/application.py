@@ -14,7 +14,7 @@ from cluster.config.pools import PoolConfig
 from cluster.config.routing import RoutingConfig
 from cluster.config.server import KubernetesConfig, RayConfig, ServerConfig, TelemetryConfig
 from cluster.config.targets import TargetConfig
-from cluster.models import EMBEDDED_SOURCE_PREFIX
+from cluster.models import EMBEDDED_SOURCE_PREFIX, absolute_keeping_link
 
 
 class ClusterConfig(Strict):
@@ -83,10 +83,12 @@ class ClusterConfig(Strict):
         return next(t for t in self.targets if t.id == target_id)
 
     def resolve_path(self, location: str) -> str:
-        """A local path relative to the config file becomes absolute; URIs stay as they are."""
+        """A local path relative to the config file becomes absolute (`absolute_keeping_link`: a
+        pulled model directory stays the link, not the version it names now); URIs stay as
+        they are."""
         if not is_local_path(location):
             return location
-        return str((self._base_dir / location).resolve())
+        return str(absolute_keeping_link(self._base_dir / location))
 
 
 def is_local_path(location: str) -> bool:

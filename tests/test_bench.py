@@ -263,8 +263,8 @@ def test_configurations():
     preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
     drafter = ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1"
     names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0",
-             "none:haproxy", "rayllm:direct-streaming", "speculative-x2", "throughput-x2",
-             "speculative-x1")  # fmt: skip
+             "none:haproxy", "rayllm:haproxy", "rayllm:direct-streaming", "speculative-x2",
+             "throughput-x2", "speculative-x1")  # fmt: skip
     configs = configurations(preset, names, {"eagle3.1": drafter}, 3, [[1, 4, 3], [5, 16, 1]])
     by_name = {c.name: c for c in configs}
     assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
@@ -287,10 +287,15 @@ def test_configurations():
     lever = by_name["none:batch0"].config_data["pools"][0]
     assert lever == {**by_name["none"].config_data["pools"][0], "stream_batching_interval_ms": 0}
     assert by_name["none:haproxy"].environment == {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
-    # Direct streaming only exists in Ray Serve LLM's own app (our ingress is the router).
+    assert by_name["rayllm:haproxy"].kind == "rayllm"
+    # Direct streaming only exists in Ray Serve LLM's own app (our ingress is the router), and
+    # Serve refuses it without HAProxy.
     direct = by_name["rayllm:direct-streaming"]
     assert direct.kind == "rayllm"
-    assert direct.environment == {"RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"}
+    assert direct.environment == {
+        "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    }
     assert len(by_name["routed"].config_data["pools"]) == 2
     # The static configurations at the routed preset's replicas and cores.
     routed_pools = by_name["routed"].config_data["pools"]

@@ -38,10 +38,10 @@ SINGLE_POOL_ENGINE = {
 
 @dataclass(frozen=True)
 class Lever:
-    """One serving lever changed on one configuration (`<base>:<name>`): the ablation."""
+    """One serving lever changed on a configuration (`<base>:<name>`): the ablation."""
 
-    base: str
-    """The configuration it changes (`none`, or `rayllm` for Ray Serve LLM's own app)."""
+    bases: tuple[str, ...]
+    """The configurations it applies to (`none`; `rayllm`: Ray Serve LLM's own app)."""
     description: str
     overrides: dict[str, Any] = field(default_factory=dict)
     """YAML overrides of the cluster config (`pool`: the pool's fields)."""
@@ -49,43 +49,46 @@ class Lever:
     """Environment variables of the server's processes."""
 
 
+HAPROXY = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 LEVERS: dict[str, Lever] = {
     "batch0": Lever(
-        "none",
+        ("none",),
         "stream chunks forwarded at once (`stream_batching_interval_ms: 0`)",
         {"pool": {"stream_batching_interval_ms": 0}},
     ),
     "batch10": Lever(
-        "none", "stream chunks coalesced over 10 ms", {"pool": {"stream_batching_interval_ms": 10}}
+        ("none",),
+        "stream chunks coalesced over 10 ms",
+        {"pool": {"stream_batching_interval_ms": 10}},
     ),
     "no-throughput-opt": Lever(
-        "none",
+        ("none",),
         "without `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`",
         {"ray": {"serve_throughput_optimized": False}},
     ),
     "haproxy": Lever(
-        "none",
+        ("none", "rayllm"),
         "Serve's HAProxy proxy (`RAY_SERVE_ENABLE_HA_PROXY=1`)",
-        environment={"RAY_SERVE_ENABLE_HA_PROXY": "1"},
+        environment=HAPROXY,
     ),
-    # Direct streaming makes the LLM server itself the HTTP ingress (`build_openai_app` only):
-    # our ingress is the router, so the lever exists for Ray Serve LLM's app, where it says
-    # what the ingress hop costs.
+    # Direct streaming makes the LLM server itself the HTTP ingress (`build_openai_app` only,
+    # and only behind HAProxy): our ingress is the router, so the lever exists for Ray Serve
+    # LLM's app, where beside `rayllm:haproxy` it says what the ingress hop costs.
     "direct-streaming": Lever(
-        "rayllm",
+        ("rayllm",),
         "Ray Serve LLM's direct streaming (`RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1`, alpha: "
-        "the LLM server is the ingress, no router hop)",
-        environment={"RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"},
+        "the LLM server is the ingress, no router hop; behind HAProxy, which it requires)",
+        environment={"RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1", **HAPROXY},
     ),
     "nice0": Lever(
-        "none",
+        ("none",),
         "Ray workers (engine, proxy, ingress) at nice 0 like Ray's daemons "
         "(`RAY_worker_niceness=0`; Ray's default 15 lets its daemons preempt the engine)",
         environment={"RAY_worker_niceness": "0"},
     ),
 }
-"""Levers by name; the configuration is `<lever.base>:<name>`."""
-LEVER_CONFIGS = tuple(f"{lever.base}:{name}" for name, lever in LEVERS.items())
+"""Levers by name; the configurations are `<base>:<name>` for each of its bases."""
+LEVER_CONFIGS = tuple(f"{base}:{name}" for name, lever in LEVERS.items() for base in lever.bases)
 
 BASELINES = {
     "vllm-serve": "vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`), "

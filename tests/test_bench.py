@@ -690,9 +690,18 @@ def test_a_server_that_stopped_answering_is_named_not_raised():
     from cluster.bench.runner import unanswered
     from cluster.launcher import free_port
 
+    failures = []
+
     class BadGateway(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
-            self.send_error(502)
+            failures.append(self.path)
+            if len(failures) <= recovers_after:
+                self.send_error(502)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
 
         def log_message(self, *args):
             pass
@@ -701,11 +710,16 @@ def test_a_server_that_stopped_answering_is_named_not_raised():
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
         gateway = SimpleNamespace(base_url=f"http://127.0.0.1:{proxy.server_port}")
-        assert "502" in unanswered(gateway, "m")
+        recovers_after = 1_000
+        assert "502" in unanswered(gateway, "m", pause_s=0)
+        # A server that cuts its first request off after a thaw, then answers, is not dead.
+        failures.clear()
+        recovers_after = 1
+        assert unanswered(gateway, "m", pause_s=0) is None and len(failures) == 2
     finally:
         proxy.shutdown()
     gone = SimpleNamespace(base_url=f"http://127.0.0.1:{free_port()}")
-    assert "refused" in unanswered(gone, "m").lower()
+    assert "refused" in unanswered(gone, "m", pause_s=0).lower()
 
 
 def test_a_config_that_failed_mid_run_leaves_the_others_repetitions_complete():

@@ -311,14 +311,23 @@ def touch(server: Any, model: str) -> None:
         response.read()
 
 
-def unanswered(server: Any, model: str) -> str | None:
-    """`touch` the server; why it did not answer (e.g. an engine OOM-killed while it was
-    frozen), or None."""
-    try:
-        touch(server, model)
-    except (OSError, http.client.HTTPException, RuntimeError) as error:
-        return str(error) or type(error).__name__  # HTTP errors, refused, cut off, in-process
-    return None
+THAW_TRIES = 3
+"""`touch` tries before a server counts as stopped: a thawed server paging back in from swap
+may cut its first request off (`none:haproxy` did, once, after 10 minutes frozen)."""
+
+
+def unanswered(server: Any, model: str, pause_s: float = 5) -> str | None:
+    """`touch` the server (up to `THAW_TRIES` times, `pause_s` apart); why it did not answer
+    (e.g. an engine OOM-killed while it was frozen), or None."""
+    for attempt in range(THAW_TRIES):
+        try:
+            touch(server, model)
+            return None
+        except (OSError, http.client.HTTPException, RuntimeError) as error:
+            problem = str(error) or type(error).__name__  # HTTP errors, refused, cut off
+        if attempt + 1 < THAW_TRIES:
+            time.sleep(pause_s)
+    return problem
 
 
 def measure(

@@ -695,7 +695,10 @@ def test_a_server_that_stopped_answering_is_named_not_raised():
     class BadGateway(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
             failures.append(self.path)
-            if len(failures) <= recovers_after:
+            if len(failures) <= cut_off:
+                self.close_connection = True  # no response: the client sees it cut off
+                return
+            if len(failures) <= cut_off + bad_gateway:
                 self.send_error(502)
                 return
             self.send_response(200)
@@ -710,12 +713,16 @@ def test_a_server_that_stopped_answering_is_named_not_raised():
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
         gateway = SimpleNamespace(base_url=f"http://127.0.0.1:{proxy.server_port}")
-        recovers_after = 1_000
-        assert "502" in unanswered(gateway, "m", pause_s=0)
+        cut_off, bad_gateway = 0, 1
+        assert "502" in unanswered(gateway, "m", pause_s=0) and len(failures) == 1  # no retry
         # A server that cuts its first request off after a thaw, then answers, is not dead.
         failures.clear()
-        recovers_after = 1
+        cut_off, bad_gateway = 1, 0
         assert unanswered(gateway, "m", pause_s=0) is None and len(failures) == 2
+        failures.clear()
+        cut_off = 1_000
+        assert "closed connection" in unanswered(gateway, "m", pause_s=0)
+        assert len(failures) == 3
     finally:
         proxy.shutdown()
     gone = SimpleNamespace(base_url=f"http://127.0.0.1:{free_port()}")
@@ -731,3 +738,15 @@ def test_a_config_that_failed_mid_run_leaves_the_others_repetitions_complete():
     assert [r["repetition"] for r in stats.measured(records)] == [1, 1]  # b's gap ate 2-3
     kept = stats.measured(stats.usable_records(result))
     assert [(r["config"], r["repetition"]) for r in kept] == [("a", 1), ("a", 2), ("a", 3)]
+
+
+def test_haproxy_servers_get_ports_of_their_own():
+    """Serve's HAProxy mode binds fixed ports; a frozen server keeps them, so each HAProxy
+    server of a run gets free ones (the second failed to start without)."""
+    from cluster.bench.servers import HAPROXY_PORTS, own_ports
+
+    plain = {"RAY_worker_niceness": "0"}
+    assert own_ports(plain) == plain
+    ports = own_ports({"RAY_SERVE_ENABLE_HA_PROXY": "1"})
+    assert set(HAPROXY_PORTS) <= set(ports)
+    assert not {ports[name] for name in HAPROXY_PORTS} & {"9101", "8404", "8500", "9500"}

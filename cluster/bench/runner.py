@@ -312,8 +312,9 @@ def touch(server: Any, model: str) -> None:
 
 
 THAW_TRIES = 3
-"""`touch` tries before a server counts as stopped: a thawed server paging back in from swap
-may cut its first request off (`none:haproxy` did, once, after 10 minutes frozen)."""
+"""`touch` tries before a server that cuts the connection off counts as stopped: a thawed
+server paging back in from swap may cut its first request off (`none:haproxy` did, once, after
+10 minutes frozen)."""
 
 
 def unanswered(server: Any, model: str, pause_s: float = 5) -> str | None:
@@ -325,6 +326,11 @@ def unanswered(server: Any, model: str, pause_s: float = 5) -> str | None:
             return None
         except (OSError, http.client.HTTPException, RuntimeError) as error:
             problem = str(error) or type(error).__name__  # HTTP errors, refused, cut off
+            # Only a connection cut off is worth another try: a timeout already waited, an
+            # in-process engine would answer the old job next, and a 503 while a replica
+            # restarts would let the run measure a cold engine unnoticed.
+            if not isinstance(error, ConnectionResetError | http.client.RemoteDisconnected):
+                return problem
         if attempt + 1 < THAW_TRIES:
             time.sleep(pause_s)
     return problem

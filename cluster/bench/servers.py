@@ -140,15 +140,34 @@ class InProcessServer(ChildServer):
             time.sleep(0.05)
 
 
+HAPROXY_PORTS = (
+    "RAY_SERVE_HAPROXY_METRICS_PORT",
+    "RAY_SERVE_HAPROXY_STATS_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+)
+"""Fixed ports (9101, 8404, 8500, 9500) that Serve's HAProxy mode binds: servers kept alive
+side by side need their own."""
+
+
+def own_ports(environment: dict[str, str]) -> dict[str, str]:
+    """A server's environment with free ports of its own where HAProxy would take fixed ones
+    (a frozen server keeps its ports: the next HAProxy server could not bind them)."""
+    if environment.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        return environment
+    return {**environment, **{name: str(free_port()) for name in HAPROXY_PORTS}}
+
+
 def start(config, preset_dir: Path):
     """The (not yet entered) server of a `BenchConfig`."""
     from cluster.config import parse_config
     from cluster.deployments.app import pool_llm_config_dict
 
+    environment = own_ports(config.environment)
     if config.kind == "cluster":
         data = dict(config.config_data)
         data["server"] = {k: v for k, v in data.get("server", {}).items() if k != "port"}
-        return ServeProcess(data, base_dir=preset_dir, env=config.environment)
+        return ServeProcess(data, base_dir=preset_dir, env=environment)
     cluster = parse_config(config.config_data, "bench", preset_dir)
     llm_config = pool_llm_config_dict(cluster, cluster.pools[0])
     if config.kind == "vllm-serve":
@@ -157,7 +176,7 @@ def start(config, preset_dir: Path):
         return InProcessServer(llm_config)
     if config.kind == "rayllm":
         llm_config.pop("experimental_configs", None)  # Ray's defaults, not ours
-        return RayLLMServer(llm_config, config.environment)
+        return RayLLMServer(llm_config, environment)
     raise ValueError(f"unknown server kind {config.kind!r}")
 
 

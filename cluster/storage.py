@@ -9,7 +9,7 @@
   `LOCAL_DIR` symlink to it: a partial download is never visible as a model, and a loader
   reading the version it was given never sees the next one's files. Manifest keys that are
   absolute or climb out of the directory are refused, and a lock file next to the destination
-  serialises concurrent pulls of one model.
+  serialises concurrent pulls of one model. The versions layout is `cluster.model_versions`.
 
 Errors (missing bucket, missing credentials, permission denied, checksum mismatch) are raised as
 `StorageError` with one clear line.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -27,17 +26,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from cluster.model_versions import (
+    MANIFEST,
+    StorageError,
+    installed,
+    link,
+    linked_version,
+    remove_versions,
+    version_id,
+    versions_dir,
+)
 from cluster.models import absolute_keeping_link, cache_dir, exclusive, replace_directory
 
-MANIFEST = "MANIFEST.json"
 _STAGING_SUFFIX = ".partial"
-_VERSIONS_SUFFIX = ".versions"
 MiB = 1024 * 1024
-logger = logging.getLogger(__name__)
-
-
-class StorageError(RuntimeError):
-    """A transfer problem, stated in one line."""
 
 
 @dataclass(frozen=True)
@@ -219,12 +221,6 @@ def check_relative_key(key: str, source: object) -> None:
         raise StorageError(f"{source}: manifest key {key!r} escapes the checkpoint directory")
 
 
-def version_id(manifest: dict[str, dict]) -> str:
-    """A version's directory name: the hash of its manifest (same manifest, same files)."""
-    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(canonical).hexdigest()[:16]
-
-
 def pull(
     uri: str,
     local_dir: str | Path,
@@ -247,73 +243,21 @@ def pull(
     """
     source, final = S3Uri.parse(uri), absolute_keeping_link(local_dir)
     client = client or s3_client(workers=workers)
-    versions = final.with_name(final.name + _VERSIONS_SUFFIX)
     # One pull of a destination at a time: a second process waits, then finds it installed.
     with exclusive(final.with_name(final.name + ".lock")):
         # Read under the lock: a pull that waited must not link back an older version.
         manifest = read_manifest(uri, client=client)
-        wanted = versions / version_id(manifest)
-        current = _linked_version(final, versions)
-        if not _installed(wanted, manifest):
+        wanted = versions_dir(final) / version_id(manifest)
+        current = linked_version(final)
+        if not installed(wanted, manifest):
             staging = wanted.with_name(wanted.name + _STAGING_SUFFIX)
-            _remove_versions(versions, keep={current, wanted, staging})  # room first
+            remove_versions(final, keep={current, wanted, staging})  # room first
             _download(source, staging, manifest, current, client, workers, on_file_done)
             replace_directory(staging, wanted)
         if current != wanted:
-            _link(final, wanted)
-        _remove_versions(versions, keep={current, wanted})
+            link(final, wanted)
+        remove_versions(final, keep={current, wanted})
     return wanted
-
-
-def _remove_versions(versions: Path, keep: set[Path | None]) -> None:
-    """Remove what `versions` holds besides `keep`: older versions and other versions'
-    stagings. Best effort: a file system that refuses (a file still open on NFS) leaves it for
-    the next pull, the pull itself has succeeded."""
-    if not versions.is_dir():
-        return
-    for old in set(versions.iterdir()) - keep:
-        try:
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old)
-            else:
-                old.unlink()
-        except OSError as error:
-            logger.warning("could not remove %s (the next pull tries again): %s", old, error)
-
-
-def _linked_version(final: Path, versions: Path) -> Path | None:
-    """The version `final` points at (None: nothing installed yet). A directory installed
-    whole by an earlier release of this module becomes a version; one that is not a pulled
-    checkpoint is refused, never replaced."""
-    if final.is_symlink():
-        target = final.resolve()
-        if target.parent != versions:
-            raise StorageError(f"{final}: a link to {target}, not to a pulled version; remove it")
-        return target
-    if not final.exists():
-        return None
-    if final.is_dir() and not any(final.iterdir()):
-        final.rmdir()
-        return None
-    try:
-        legacy = versions / version_id(json.loads((final / MANIFEST).read_text())["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise StorageError(
-            f"{final}: exists and holds no {MANIFEST} (not a pulled checkpoint); pull into "
-            "a new or empty directory"
-        ) from None
-    versions.mkdir(parents=True, exist_ok=True)
-    replace_directory(final, legacy)
-    _link(final, legacy)
-    return legacy
-
-
-def _link(final: Path, version: Path) -> None:
-    """Point `final` at `version` in one rename (relative: the cache may be mounted elsewhere)."""
-    link = final.with_name(final.name + ".link")
-    link.unlink(missing_ok=True)
-    link.symlink_to(Path(version.parent.name) / version.name)
-    os.replace(link, final)
 
 
 def _download(source, staging, manifest, current, client, workers, on_file_done) -> None:
@@ -397,19 +341,6 @@ def _has(path: Path, entry: dict) -> bool:
         path.is_file()
         and path.stat().st_size == entry["size"]
         and sha256_file(path) == entry["sha256"]
-    )
-
-
-def _installed(local_dir: Path, manifest: dict[str, dict]) -> bool:
-    """A completed pull of this manifest. Hashes were verified when it was installed; re-hashing
-    hundreds of GB on every replica start would cost minutes, so compare manifest and sizes."""
-    try:
-        local = json.loads((local_dir / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return local == manifest and all(
-        (local_dir / rel).is_file() and (local_dir / rel).stat().st_size == entry["size"]
-        for rel, entry in manifest.items()
     )
 
 

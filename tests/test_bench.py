@@ -410,6 +410,11 @@ def test_ablation_pairs_against_vllm_serve_and_adds_ttft():
     assert [r["config"] for r in rows] == ["none"]
     assert rows[0]["per_user_tok_s"]["median"] == pytest.approx(20.0 / 22.0)
     assert rows[0]["added_ttft_p50_ms"]["median"] == pytest.approx(4.0)
+    # Rows follow the request path, each lever right after its base (table and plot alike).
+    for config in ("none:haproxy", "rayllm:haproxy", "eagle3.1", "rayllm", "inprocess"):
+        records += [_record(config, rep, 10.0, 10.0) for rep in (1, 2, 3)]
+    order = list(dict.fromkeys(r["config"] for r in stats.ablation(records)))
+    assert order == ["inprocess", "rayllm", "rayllm:haproxy", "none", "none:haproxy", "eagle3.1"]
 
 
 def test_dynamic_speculation_schedule_from_a_sweep():

@@ -264,9 +264,7 @@ def plots(summary_doc: dict[str, Any], out_dir: Path) -> list[Path]:
     if rows:
         cells = sorted({(r["workload"], r["concurrency"]) for r in rows})
         labels = [f"{workload}@c{c}" for workload, c in cells]
-        layers = ("inprocess", "rayllm", "none")  # request path order, then levers and the rest
-        present = {r["config"] for r in rows}
-        configs = [c for c in layers if c in present] + sorted(present - set(layers))
+        configs = list(dict.fromkeys(r["config"] for r in rows))  # in request-path order
         fig, axis = plt.subplots(figsize=(max(6, 1.2 * len(configs) * len(labels) / 2), 4))
         width = 0.8 / len(labels)
         for i, label in enumerate(labels):

@@ -143,11 +143,22 @@ def ratios(records: list[dict[str, Any]], pairs=RATIO_PAIRS) -> list[dict[str, A
     return rows
 
 
+REQUEST_PATH = ("inprocess", "rayllm", "none")  # the ablation's layers, outermost last
+
+
+def request_path_position(config: str) -> tuple:
+    """Sort key: the request path's layers in order, each base's lever variants right after it,
+    then the other configurations."""
+    base = base_of(config)
+    layer = REQUEST_PATH.index(base) if base in REQUEST_PATH else len(REQUEST_PATH)
+    return layer, base, config != base, config
+
+
 def ablation(records: list[dict[str, Any]], reference: str = "vllm-serve") -> list[dict[str, Any]]:
-    """Every configuration against `reference`: paired ratios of per-user and aggregate rates,
-    and the paired TTFT it adds (ms), per cell."""
+    """Every configuration against `reference` (in request-path order): paired ratios of
+    per-user and aggregate rates, and the paired TTFT it adds (ms), per cell."""
     rows = []
-    for config in configs_of(records):
+    for config in sorted(configs_of(records), key=request_path_position):
         if config == reference:
             continue
         for cell, workload, concurrency in cells_of(records):

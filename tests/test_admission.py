@@ -1,6 +1,7 @@
 """Per-pool admission gates: bounded queue (429), bounded wait (503), slots as guards."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -97,3 +98,66 @@ def test_running_replicas_counts_enum_and_string_states_from_serve_status():
     # What an ingress replica actually receives: the states as plain strings.
     assert running_replicas({state.value: n for state, n in states.items()}) == 2
     assert running_replicas({}) == 0
+
+
+def test_a_gate_says_when_its_replica_count_matters_and_calls_on_wait_per_waiting_request():
+    waits = []
+
+    async def scenario():
+        gate = _gate(queue_timeout_s=5, on_wait=lambda: waits.append(1))
+        slots = [await gate.enter(), await gate.enter()]  # admitted at once: no call
+        settled = gate.changing
+        waiter = asyncio.create_task(gate.enter())
+        await asyncio.sleep(0)
+        queued = gate.changing
+        slots[0].release()
+        await waiter
+        return settled, queued, gate.changing
+
+    settled, queued, served = asyncio.run(scenario())
+    assert (settled, queued, served) == (False, True, False) and waits == [1]
+    cold = PoolGate("c", per_replica=4, max_queued=0, queue_timeout_s=1, retry_after_s=1,
+                    scales_from_zero=True)  # fmt: skip
+    assert not cold.changing  # at zero and idle: nothing to wait for
+    cold.try_enter()
+    assert cold.changing  # let in while no replica runs: it waits in Serve for one
+
+
+def test_replica_counts_refresh_fast_while_they_change_and_slowly_once_settled(monkeypatch):
+    """The cadence of `serve.status()` calls. Serve's answer is replaced by a recorded
+    sequence (a replica starting, then running) so the test controls when counts change."""
+    from types import SimpleNamespace
+
+    from ray import serve
+
+    from cluster.request.dispatch import PoolClient, PoolRef
+
+    calls = []
+
+    def status():
+        calls.append(time.monotonic())
+        states = {"STARTING": 1} if len(calls) <= 3 else {"RUNNING": 1}
+        deployment = SimpleNamespace(replica_states=states)
+        return SimpleNamespace(applications={"app": SimpleNamespace(deployments={"d": deployment})})
+
+    monkeypatch.setattr(serve, "status", status)
+    pool = PoolRef("p", "m", "throughput", "d", 1, 4, 5.0, False, 16)
+
+    async def scenario():
+        client = PoolClient({"p": SimpleNamespace(options=lambda **_: None)}, [pool], 1)
+        await client.ready("app", refresh_s=0.02, idle_refresh_s=0.6)
+        await asyncio.sleep(0.3)  # 3 fast calls while STARTING, then the slow cadence
+        settled_calls = len(calls)
+        gate = client.gates["p"]
+        slot = gate.try_enter()
+        waiter = asyncio.create_task(gate.enter())  # a request waits: refreshed at once
+        await asyncio.sleep(0.05)
+        after_wait = len(calls)
+        waiter.cancel()
+        slot.release()
+        client._status_task.cancel()
+        return settled_calls, after_wait, gate.running_replicas
+
+    settled_calls, after_wait, running = asyncio.run(scenario())
+    assert settled_calls == 4 and running == 1
+    assert after_wait >= settled_calls + 1

@@ -80,6 +80,12 @@ LEVERS: dict[str, Lever] = {
         "the LLM server is the ingress, no router hop; behind HAProxy, which it requires)",
         environment={"RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1", **HAPROXY},
     ),
+    "status1": Lever(
+        ("none",),
+        "the pools' replica counts refreshed every second even when settled "
+        "(`routing.pool_status_idle_refresh_s: 1`, the cadence before it existed)",
+        {"routing": {"pool_status_idle_refresh_s": 1}},
+    ),
     "nice0": Lever(
         ("none",),
         "Ray workers (engine, proxy, ingress) at nice 0 like Ray's daemons "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cluster.config.base import Strict
 
@@ -49,4 +49,27 @@ class RoutingConfig(Strict):
     replica stay below this (speculation stops paying off once the batch is compute-bound)."""
 
     pool_status_refresh_s: float = Field(default=1.0, gt=0)
-    """How often the ingress refreshes the pools' running replica counts."""
+    """How often the ingress refreshes the pools' running replica counts while they may be
+    changing: requests wait at a gate, a pool at zero has requests, or a replica is starting,
+    recovering or stopping."""
+
+    pool_status_idle_refresh_s: float = Field(default=5.0, gt=0)
+    """How often it refreshes them while every pool is settled. Each refresh is a
+    `serve.status()` call: at 1 s it cost an idle embedded cluster 5% of a core (the ingress
+    and Serve's controller), time taken from the engines on a small machine. A request that
+    starts waiting refreshes at once. Below `max_stats_age_s`, or routing falls back to rule v1
+    between refreshes."""
+
+    @model_validator(mode="after")
+    def _refresh_within_stats_age(self) -> RoutingConfig:
+        if self.pool_status_idle_refresh_s >= self.max_stats_age_s:
+            raise ValueError(
+                f"pool_status_idle_refresh_s: {self.pool_status_idle_refresh_s:g} s is not below "
+                f"max_stats_age_s ({self.max_stats_age_s:g} s): every pool would look stale"
+            )
+        if self.pool_status_refresh_s > self.pool_status_idle_refresh_s:
+            raise ValueError(
+                "pool_status_refresh_s: larger than pool_status_idle_refresh_s (the refresh "
+                "while pools change must be the faster one)"
+            )
+        return self

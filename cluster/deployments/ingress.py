@@ -338,7 +338,11 @@ def ingress_class(server: ServerConfig) -> type:
 
         async def _route(self, target: str, body: Any, prompt_tokens: int) -> tuple[str, str, str]:
             """(pool, reason, reason with the predicted rates for the header and trace)."""
-            await self._pools.ready(self._app_name, self._routing.pool_status_refresh_s)
+            await self._pools.ready(
+                self._app_name,
+                self._routing.pool_status_refresh_s,
+                self._routing.pool_status_idle_refresh_s,
+            )
             loads = {name: self._load(name) for (t, _), name in self._pool_of_role.items()
                      if t == target}  # fmt: skip
             request = RequestFeatures(prompt_tokens, routed_max_tokens(body))

@@ -15,6 +15,7 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 
 from cluster.request.errors import ApiError
 
@@ -41,7 +42,9 @@ class PoolGate:
         queue_timeout_s: float,
         retry_after_s: int,
         scales_from_zero: bool = False,
+        on_wait: Callable[[], None] | None = None,
     ):
+        """`on_wait`: called when a request starts waiting (the replica count may be stale)."""
         self.name = name
         self.per_replica, self.max_queued = per_replica, max_queued
         self.queue_timeout_s, self.retry_after_s = queue_timeout_s, retry_after_s
@@ -50,6 +53,7 @@ class PoolGate:
         self.in_flight = 0
         self._status_at: float | None = None  # monotonic time of the last replica count
         self._waiters: deque[asyncio.Future] = deque()
+        self._on_wait = on_wait
 
     @property
     def capacity(self) -> int:
@@ -64,6 +68,12 @@ class PoolGate:
     def cold(self) -> bool:
         """No replica runs; requests let in now wait in Serve for one to start."""
         return self.running_replicas == 0
+
+    @property
+    def changing(self) -> bool:
+        """Its replica count matters now: requests wait for a slot, or are let in while no
+        replica runs (they wait in Serve for one to start)."""
+        return bool(self._waiters) or (self.cold and self.in_flight > 0)
 
     @property
     def status_age_s(self) -> float:
@@ -109,6 +119,8 @@ class PoolGate:
             )
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        if self._on_wait is not None:
+            self._on_wait()
         try:
             await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
         except ApiError:  # the pool went down while we waited

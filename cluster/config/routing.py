@@ -57,15 +57,16 @@ class RoutingConfig(Strict):
     """How often it refreshes them while every pool is settled. Each refresh is a
     `serve.status()` call: at 1 s it cost an idle embedded cluster 5% of a core (the ingress
     and Serve's controller), time taken from the engines on a small machine. A request that
-    starts waiting refreshes at once. Below `max_stats_age_s`, or routing falls back to rule v1
-    between refreshes."""
+    starts waiting refreshes at once. At most half of `max_stats_age_s`, or routing falls back
+    to rule v1 between refreshes."""
 
     @model_validator(mode="after")
     def _refresh_within_stats_age(self) -> RoutingConfig:
-        if self.pool_status_idle_refresh_s >= self.max_stats_age_s:
+        if self.pool_status_idle_refresh_s > self.max_stats_age_s / 2:
             raise ValueError(
-                f"pool_status_idle_refresh_s: {self.pool_status_idle_refresh_s:g} s is not below "
-                f"max_stats_age_s ({self.max_stats_age_s:g} s): every pool would look stale"
+                f"pool_status_idle_refresh_s: {self.pool_status_idle_refresh_s:g} s is more than "
+                f"half of max_stats_age_s ({self.max_stats_age_s:g} s): pools would look stale "
+                "between refreshes"
             )
         if self.pool_status_refresh_s > self.pool_status_idle_refresh_s:
             raise ValueError(

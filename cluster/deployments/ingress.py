@@ -368,6 +368,7 @@ def ingress_class(server: ServerConfig) -> type:
 
         def _failover(self, trace: RequestTrace, request_id: str, pool: str, error: ApiError):
             self._failovers.inc(tags={"pool": pool})
+            self._pools.refresh_soon()  # a replica may be gone: its gate's capacity with it
             trace.failover(pool, error.message)
             logger.warning("failover request=%s pool=%s error=%s", request_id, pool, error.message)
 

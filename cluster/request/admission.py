@@ -44,7 +44,8 @@ class PoolGate:
         scales_from_zero: bool = False,
         on_wait: Callable[[], None] | None = None,
     ):
-        """`on_wait`: called when a request starts waiting (the replica count may be stale)."""
+        """`on_wait`: called when a request starts waiting, here or (at zero replicas) in Serve:
+        the replica count may be stale."""
         self.name = name
         self.per_replica, self.max_queued = per_replica, max_queued
         self.queue_timeout_s, self.retry_after_s = queue_timeout_s, retry_after_s
@@ -102,6 +103,8 @@ class PoolGate:
         """A slot now, or None (no waiting): for failover to a pool that was not chosen."""
         if self.in_flight < self.capacity and not self._waiters:
             self.in_flight += 1
+            if self.cold and self._on_wait is not None:
+                self._on_wait()  # let in to wait in Serve for a replica to start
             return Slot(self)
         return None
 

@@ -56,7 +56,7 @@ class PoolClient:
                 queue_timeout_s=pool.queue_timeout_s,
                 retry_after_s=retry_after_s,
                 scales_from_zero=pool.scales_from_zero,
-                on_wait=self._status_wanted.set,
+                on_wait=self.refresh_soon,
             )
             for pool in pools
         }
@@ -94,14 +94,21 @@ class PoolClient:
             )
         await self._status_ready.wait()
 
+    def refresh_soon(self) -> None:
+        """The counts may be stale (a request waits, a pool failed a request): refresh them
+        now rather than at the idle cadence."""
+        self._status_wanted.set()
+
     async def _refresh(self, app_name: str, refresh_s: float, idle_refresh_s: float) -> None:
         """Every `refresh_s` while counts may be changing, else every `idle_refresh_s` or as
-        soon as a request starts waiting at a gate (`serve.status()` is not free: a core's 5%
-        at 1 s on an idle embedded cluster)."""
+        soon as `refresh_soon` is called, never twice within `refresh_s` (`serve.status()` is
+        not free: a core's 5% at 1 s on an idle embedded cluster)."""
         from ray import serve
 
+        loop = asyncio.get_running_loop()
         while True:
-            settled = True
+            self._status_wanted.clear()  # before the call: a wish made during it still counts
+            called_at, settled = loop.time(), True
             try:
                 status = await asyncio.to_thread(serve.status)
                 app = status.applications.get(app_name)
@@ -114,9 +121,7 @@ class PoolClient:
                 settled = False
                 logger.exception("refreshing pool status failed; keeping the last known counts")
             self._status_ready.set()
-            self._status_wanted.clear()
-            if not settled or any(gate.changing for gate in self.gates.values()):
-                await asyncio.sleep(refresh_s)
-            else:
+            if settled and not any(gate.changing for gate in self.gates.values()):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._status_wanted.wait(), idle_refresh_s)
+            await asyncio.sleep(max(0.0, called_at + refresh_s - loop.time()))

@@ -147,8 +147,9 @@ def test_replica_counts_refresh_fast_while_they_change_and_slowly_once_settled(m
     pool = PoolRef("p", "m", "throughput", "d", 1, 4, 5.0, False, 16)
 
     async def scenario():
-        client = PoolClient({"p": SimpleNamespace(options=lambda **_: None)}, [pool], 1)
-        await client.ready("app", refresh_s=0.02, idle_refresh_s=1.0)
+        handles = {"p": SimpleNamespace(options=lambda **_: None)}
+        client = PoolClient(handles, [pool], 1, "app", refresh_s=0.02, idle_refresh_s=1.0)
+        await client.ready()
         await asyncio.sleep(0.3)  # 2 STARTING, 1 failed, 1 settled: then the slow cadence
         settled_calls = len(calls)
         gate = client.gates["p"]

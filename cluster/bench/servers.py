@@ -37,9 +37,8 @@ SERVER_MEMORY_GIB = 11
 """RAM made available before each server starts. One embedded server takes about 6.5 GiB
 (Ray's daemons, the replicas, the engine and its 2 GiB KV cache), most of it before vLLM checks
 that its KV cache fits; with frozen servers beside it, 7 and then 9 GiB were too little twice
-(`none:batch0`, `rayllm:direct-streaming`: 1.4-1.9 GiB left for the cache)."""
-"""RAM one server needs to start here (model, 2 GiB KV cache, torch, Ray's processes): at 7,
-a cluster's engine found 1.4 GiB left for its 2 GiB KV cache (run 20261207-152014)."""
+(`none:batch0` in run 20261207-152014, `rayllm:direct-streaming`: 1.4-1.9 GiB left for the
+cache)."""
 
 
 def meminfo_gib(field: str) -> float:

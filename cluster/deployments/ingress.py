@@ -144,12 +144,19 @@ def ingress_class(server: ServerConfig) -> type:
             app_name: str,
             profile: str | None = None,
         ):
-            self._server, self._routing, self._app_name = server, routing, app_name
+            self._server, self._routing = server, routing
             self._keys = KeyStore.load(server.auth, keys_file)
             if not self._keys.required:
                 logger.warning("API keys are off: anyone who can reach %s can call the API",
                                server.host)  # fmt: skip
-            self._pools = PoolClient(pool_handles, pools, server.retry_after_s)
+            self._pools = PoolClient(
+                pool_handles,
+                pools,
+                server.retry_after_s,
+                app_name,
+                routing.pool_status_refresh_s,
+                routing.pool_status_idle_refresh_s,
+            )
             self._targets = {t.id: t for t in targets}
             self._encoders = {t.id: _load_tokenizer(t.tokenizer) for t in targets}
             self._pool_of_role = {(p.target, p.role): p.name for p in pools}
@@ -338,11 +345,7 @@ def ingress_class(server: ServerConfig) -> type:
 
         async def _route(self, target: str, body: Any, prompt_tokens: int) -> tuple[str, str, str]:
             """(pool, reason, reason with the predicted rates for the header and trace)."""
-            await self._pools.ready(
-                self._app_name,
-                self._routing.pool_status_refresh_s,
-                self._routing.pool_status_idle_refresh_s,
-            )
+            await self._pools.ready()
             loads = {name: self._load(name) for (t, _), name in self._pool_of_role.items()
                      if t == target}  # fmt: skip
             request = RequestFeatures(prompt_tokens, routed_max_tokens(body))

@@ -48,11 +48,7 @@ def operator_endpoints(app: FastAPI) -> type:
         @app.get("/readyz")
         async def readyz(self) -> JSONResponse:
             """Readiness: every target has a pool that is up (or wakes on demand)."""
-            await self._pools.ready(
-                self._app_name,
-                self._routing.pool_status_refresh_s,
-                self._routing.pool_status_idle_refresh_s,
-            )
+            await self._pools.ready()
             ready = all(
                 any(
                     self._load(name).up
@@ -81,11 +77,7 @@ def operator_endpoints(app: FastAPI) -> type:
                 self._keys.authorize(request.headers.get("authorization"), ADMIN)
             except ApiError as error:
                 return self._reject(error, {})
-            await self._pools.ready(
-                self._app_name,
-                self._routing.pool_status_refresh_s,
-                self._routing.pool_status_idle_refresh_s,
-            )
+            await self._pools.ready()
             names = list(self._pools.pools)
             per_pool = await asyncio.gather(*(self._pools.stats(name) for name in names))
             return JSONResponse({

@@ -43,9 +43,20 @@ def running_replicas(replica_states: dict[Any, int]) -> int:
 class PoolClient:
     """Handles to every pool, and the gates their replica counts size."""
 
-    def __init__(self, handles: dict[str, Any], pools: list[PoolRef], retry_after_s: int):
+    def __init__(
+        self,
+        handles: dict[str, Any],
+        pools: list[PoolRef],
+        retry_after_s: int,
+        app_name: str,
+        refresh_s: float,
+        idle_refresh_s: float,
+    ):
+        """`refresh_s`, `idle_refresh_s`: the replica count refresh cadence while counts may
+        change and once they are settled (`routing.pool_status_*refresh_s`)."""
         self.pools = {pool.name: pool for pool in pools}
-        self._status_wanted = asyncio.Event()  # a request started waiting: refresh now
+        self._app_name, self._refresh_s, self._idle_refresh_s = app_name, refresh_s, idle_refresh_s
+        self._status_wanted = asyncio.Event()  # `refresh_soon` was called: refresh now
         self._handles = handles
         self._streams = {name: handle.options(stream=True) for name, handle in handles.items()}
         self.gates = {
@@ -86,12 +97,10 @@ class PoolClient:
             logger.warning("a replica of pool %s gave no stats: %s", pool, error)
         return [a for a in answers if isinstance(a, dict)]
 
-    async def ready(self, app_name: str, refresh_s: float, idle_refresh_s: float) -> None:
+    async def ready(self) -> None:
         """Replica counts are known (starts the refresh loop on first use)."""
         if self._status_task is None:
-            self._status_task = asyncio.create_task(
-                self._refresh(app_name, refresh_s, idle_refresh_s)
-            )
+            self._status_task = asyncio.create_task(self._refresh())
         await self._status_ready.wait()
 
     def refresh_soon(self) -> None:
@@ -99,7 +108,7 @@ class PoolClient:
         now rather than at the idle cadence."""
         self._status_wanted.set()
 
-    async def _refresh(self, app_name: str, refresh_s: float, idle_refresh_s: float) -> None:
+    async def _refresh(self) -> None:
         """Every `refresh_s` while counts may be changing, else every `idle_refresh_s` or as
         soon as `refresh_soon` is called, never twice within `refresh_s` (`serve.status()` is
         not free: a core's 5% at 1 s on an idle embedded cluster)."""
@@ -111,7 +120,7 @@ class PoolClient:
             called_at, settled = loop.time(), True
             try:
                 status = await asyncio.to_thread(serve.status)
-                app = status.applications.get(app_name)
+                app = status.applications.get(self._app_name)
                 for pool in self.pools.values():
                     deployment = app.deployments.get(pool.deployment) if app else None
                     states = deployment.replica_states if deployment else {}
@@ -123,5 +132,5 @@ class PoolClient:
             self._status_ready.set()
             if settled and not any(gate.changing for gate in self.gates.values()):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._status_wanted.wait(), idle_refresh_s)
-            await asyncio.sleep(max(0.0, called_at + refresh_s - loop.time()))
+                    await asyncio.wait_for(self._status_wanted.wait(), self._idle_refresh_s)
+            await asyncio.sleep(max(0.0, called_at + self._refresh_s - loop.time()))

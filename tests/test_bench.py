@@ -264,7 +264,7 @@ def test_configurations():
     drafter = ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1"
     names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0",
              "none:haproxy", "rayllm:haproxy", "rayllm:direct-streaming", "speculative-x2",
-             "throughput-x2", "speculative-x1")  # fmt: skip
+             "throughput-x2", "speculative-x1", "vllm-serve:beside-ray")  # fmt: skip
     configs = configurations(preset, names, {"eagle3.1": drafter}, 3, [[1, 4, 3], [5, 16, 1]])
     by_name = {c.name: c for c in configs}
     assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
@@ -296,6 +296,12 @@ def test_configurations():
         "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
     }
+    # `vllm serve` with our idle cluster up beside it: the same engine, `none`'s server.
+    beside = by_name["vllm-serve:beside-ray"]
+    assert (beside.kind, beside.beside) == ("vllm-serve", "none")
+    assert beside.config_data == by_name["vllm-serve"].config_data
+    with pytest.raises(ValueError, match="add none to --configs"):
+        configurations(preset, ("vllm-serve", "vllm-serve:beside-ray"), {}, 3)
     assert len(by_name["routed"].config_data["pools"]) == 2
     # The static configurations at the routed preset's replicas and cores.
     routed_pools = by_name["routed"].config_data["pools"]
@@ -371,6 +377,18 @@ def test_statistics_median_min_max_and_pairing():
     records += [_record("none:batch0", r, 1.1 * v, v) for r, v in ((1, 10.0), (2, 20.0), (3, 40.0))]
     by_key = {(r["name"], r["metric"]): r for r in stats.ratios(records)}
     assert by_key[("none:batch0/none", "per_user_tok_s")]["median"] == pytest.approx(1.1)
+    # Ray's idle share apart: `vllm serve` beside our idle cluster over `vllm serve` alone, and
+    # `none` over that (the per-request part).
+    for rep, speed in ((1, 10.0), (2, 20.0), (3, 40.0)):
+        records += [_record("vllm-serve", rep, 2.0 * speed, speed),
+                    _record("vllm-serve:beside-ray", rep, 1.6 * speed, speed)]  # fmt: skip
+    by_key = {(r["name"], r["metric"]): r for r in stats.ratios(records)}
+    assert by_key[("vllm-serve:beside-ray/vllm-serve", "per_user_tok_s")]["median"] == (
+        pytest.approx(0.8)
+    )
+    assert by_key[("none/vllm-serve:beside-ray", "per_user_tok_s")]["median"] == (
+        pytest.approx(1 / 1.6)
+    )
     # A repetition one side lacks is not paired with anything.
     records.append(_record("eagle3.1", 4, 99.0, 99.0))
     assert (
@@ -411,10 +429,13 @@ def test_ablation_pairs_against_vllm_serve_and_adds_ttft():
     assert rows[0]["per_user_tok_s"]["median"] == pytest.approx(20.0 / 22.0)
     assert rows[0]["added_ttft_p50_ms"]["median"] == pytest.approx(4.0)
     # Rows follow the request path, each lever right after its base (table and plot alike).
-    for config in ("none:haproxy", "rayllm:haproxy", "eagle3.1", "rayllm", "inprocess"):
+    configs = ("none:haproxy", "rayllm:haproxy", "eagle3.1", "rayllm", "vllm-serve:beside-ray",
+               "inprocess")  # fmt: skip
+    for config in configs:
         records += [_record(config, rep, 10.0, 10.0) for rep in (1, 2, 3)]
     order = list(dict.fromkeys(r["config"] for r in stats.ablation(records)))
-    assert order == ["inprocess", "rayllm", "rayllm:haproxy", "none", "none:haproxy", "eagle3.1"]
+    assert order == ["inprocess", "vllm-serve:beside-ray", "rayllm", "rayllm:haproxy", "none",
+                     "none:haproxy", "eagle3.1"]  # fmt: skip
 
 
 def test_dynamic_speculation_schedule_from_a_sweep():
@@ -584,6 +605,36 @@ def test_a_frozen_server_session_makes_no_progress_until_thawed(tmp_path):
     finally:
         signal_session(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def test_a_turn_thaws_the_server_beside_and_freezes_both_after():
+    """`Lever.beside`: the companion runs (idle) during the turn, frozen again after it."""
+    import signal
+    import subprocess
+    import sys
+
+    from cluster.bench.servers import Frozen, kept_turn
+    from cluster.launcher import signal_session
+
+    def state(process) -> str:
+        return Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    sleeper = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"]
+    server, companion = (subprocess.Popen(sleeper, start_new_session=True) for _ in range(2))
+    try:
+        frozen = {p.pid: Frozen(p) for p in (server, companion)}
+        for each in frozen.values():
+            each.freeze()
+        with kept_turn("server", frozen[server.pid], frozen[companion.pid]) as running:
+            assert running == "server"
+            assert "T" not in (state(server), state(companion))
+        assert state(server) == state(companion) == "T"
+        with kept_turn("server", frozen[server.pid]):  # alone: the other stays frozen
+            assert (state(server) != "T", state(companion)) == (True, "T")
+    finally:
+        for process in (server, companion):
+            signal_session(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def test_cpu_of_a_cell_is_split_into_engine_and_serving_path():

@@ -87,6 +87,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         configs = bench_plan.configurations(
             yaml.safe_load(preset.read_text()), names, drafters, options["k"], schedule
         )
+        if plan.restart_servers and (paired := [c.name for c in configs if c.beside]):
+            raise ValueError(f"{', '.join(paired)} need servers kept for the run: "
+                             "drop --restart-servers")  # fmt: skip
     except ValueError as error:
         print(f"cluster bench: {error}", file=sys.stderr)
         return 2

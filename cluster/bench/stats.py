@@ -32,6 +32,7 @@ RATIO_PAIRS = (
     ("ngram", "none"),
     ("routed", "none"),
     ("eagle3.1", "vllm-serve"),
+    ("none", "vllm-serve:beside-ray"),  # the serving path's cost without Ray's idle share
 )
 """(numerator, denominator) pairs reported whenever both ran."""
 BASELINE_NAMES = ("vllm-serve", "inprocess", "rayllm")
@@ -143,7 +144,7 @@ def ratios(records: list[dict[str, Any]], pairs=RATIO_PAIRS) -> list[dict[str, A
     return rows
 
 
-REQUEST_PATH = ("inprocess", "rayllm", "none")  # the ablation's layers, outermost last
+REQUEST_PATH = ("inprocess", "vllm-serve", "rayllm", "none")  # the layers, outermost last
 
 
 def request_path_position(config: str) -> tuple:

@@ -637,6 +637,15 @@ def test_a_turn_thaws_the_server_beside_and_freezes_both_after():
             process.wait()
 
 
+def test_swapped_pages_are_the_kernels_counters():
+    from cluster.bench.runner import swapped_pages
+
+    first = swapped_pages()
+    fields = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    assert first["in"] <= int(fields["pswpin"]) and first["out"] <= int(fields["pswpout"])
+    assert all(swapped_pages()[k] >= first[k] for k in first)
+
+
 def test_cpu_of_a_cell_is_split_into_engine_and_serving_path():
     from cluster.bench.runner import cpu_split
     from cluster.launcher import session_cpu_seconds

@@ -218,12 +218,15 @@ def run(
         if any((rep, c.name, cell.name) not in done
                for rep in range(plan.repetitions) for cell in cells)
     ]  # fmt: skip
+    # ...and, finished or not, the servers those run beside (`Lever.beside`).
+    only_beside = frozenset(c.beside for c in unfinished if c.beside) - {c.name for c in unfinished}
     with contextlib.ExitStack() as stack, tqdm(total=todo, desc="bench", unit="cell") as bar:
         bar.update(len(done))
         if plan.restart_servers:  # each turn starts its own server (`fresh_turn`)
             servers = {config.name: (config, None, None) for config in unfinished}
         else:
-            servers = start_all(unfinished, preset_dir, result, stack, bar)
+            starting = [c for c in runnable if c in unfinished or c.name in only_beside]
+            servers = start_all(starting, preset_dir, result, stack, bar, only_beside)
         # A resume starts its servers afresh: each measures one discarded cell before its first
         # counted one, as the warm-up repetition did for the servers before the interruption.
         cold = set(servers) if done and not plan.restart_servers else set()
@@ -249,12 +252,16 @@ def run(
                     if config.beside and companion is None:
                         raise ServerStartError(f"{config.beside}, to run beside it, is not up")
                     with turn as server:
-                        for who, running in ((name, server), (config.beside, companion)):
-                            if running and (problem := unanswered(running, model)) is not None:
-                                raise ServerStartError(
-                                    f"{who} stopped answering at repetition {repetition}: "
-                                    f"{problem}\n" + running.log()[-4000:]
-                                )
+                        if companion and (problem := unanswered(companion, model)) is not None:
+                            raise CompanionStopped(
+                                f"{config.beside}, beside it, stopped answering at repetition "
+                                f"{repetition}: {problem}\n" + companion.log()[-4000:]
+                            )
+                        if (problem := unanswered(server, model)) is not None:
+                            raise ServerStartError(
+                                f"stopped answering at repetition {repetition}: {problem}\n"
+                                + server.log()[-4000:]
+                            )
                         if companion:  # idle before the first cell, as after each
                             settle(companion.process.pid)
                         # The warm-up repetition's prompts: never counted (none: no warm-up).
@@ -270,6 +277,7 @@ def run(
                             record = measure(
                                 config, server, model, tokenizer,
                                 prompts[(repetition, cell.name)], cell, plan, repetition,
+                                companion,
                             )  # fmt: skip
                             result["records"].append(record)
                             write_atomically(path, result)
@@ -279,15 +287,29 @@ def run(
                     if INTERRUPTED.is_set():  # Ctrl-C, whatever the load generator made of it
                         raise KeyboardInterrupt from error
                     first = (str(error).splitlines() or [""])[0]
-                    bar.write(f"failed {name}: {type(error).__name__}: {first}; the rest go on")
-                    result["configs"][name]["failed"] = f"{type(error).__name__}: {error}"[-4000:]
+                    failed = f"{type(error).__name__}: {error}"[-4000:]
+                    # A companion that stopped answering fails itself and what runs beside it.
+                    stopped = isinstance(error, CompanionStopped)
+                    for each in [name, config.beside] if stopped else [name]:
+                        bar.write(f"failed {each}: {type(error).__name__}: {first}; the rest go on")
+                        result["configs"][each]["failed"] = failed
+                        _, dead, kept = servers.pop(each)
+                        if kept is not None:  # a kept server that stopped answering: its
+                            dead.stop()  # memory back for the others (stop thaws it first)
                     write_atomically(path, result)
-                    del servers[name]
-                    if frozen is not None:  # a kept server that stopped answering: its
-                        server.stop()  # memory back for the others (stop thaws it first)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_atomically(path, result)
     return result
+
+
+def swapped_pages() -> dict[str, int]:
+    """The kernel's counts of pages swapped in and out since boot (`/proc/vmstat`)."""
+    fields = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    return {"in": int(fields.get("pswpin", 0)), "out": int(fields.get("pswpout", 0))}
+
+
+class CompanionStopped(ServerStartError):
+    """The server a configuration runs beside (`Lever.beside`) stopped answering."""
 
 
 def cpu_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -351,11 +373,17 @@ def measure(
     cell: Cell,
     plan: Plan,
     repetition: int,
+    companion: Any = None,
 ) -> dict[str, Any]:
+    """One cell on `server`; `companion`: the server up beside it (`Lever.beside`), whose CPU
+    during the cell is recorded beside the server's own (`cpu_s.beside`)."""
     request_id_prefix = f"r{repetition}-{cell.name}-{uuid.uuid4().hex[:8]}-"
     settle_s, idle_cores = settle(server.process.pid)
     counters_before = snapshot(config, server.base_url)
+    beside = companion.process.pid if companion else None
     cpu_before = session_cpu_seconds(server.process.pid)
+    beside_before = sum(session_cpu_seconds(beside).values()) if beside else 0.0
+    swap_before = swapped_pages()
     try:
         if isinstance(server, InProcessServer):
             lines = workloads.read_jsonl(prompts)
@@ -376,6 +404,9 @@ def measure(
             raise KeyboardInterrupt  # whatever the load generator made of it
     counters_after = snapshot(config, server.base_url)
     cpu = cpu_split(cpu_before, session_cpu_seconds(server.process.pid))
+    if beside:
+        cpu["beside"] = sum(session_cpu_seconds(beside).values()) - beside_before
+    swap = {k: v - swap_before[k] for k, v in swapped_pages().items()}
     pools = None
     if config.kind == "cluster":
         pools = routed_pools(server.base_url, request_id_prefix, len(raw["errors"]))
@@ -395,6 +426,9 @@ def measure(
         "serving_cpu_ms_per_token": 1000 * cpu["serving"] / tokens,
         **cell_engine_fields(counters_before, counters_after),
         "cpu_s": cpu,
+        # Pages swapped in and out during the cell (frozen servers make room, a thawed one
+        # pages back): what the machine did besides the cell's own work.
+        "swap_pages": swap,
         # How long the server took to go quiet before the cell, and what it used then.
         "settle": {"waited_s": settle_s, "cores": idle_cores},
         "routed": dict(sorted(Counter(p for p in pools or [] if p).items())),

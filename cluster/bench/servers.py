@@ -190,9 +190,12 @@ def start_all(
     result: dict[str, Any],
     stack: contextlib.ExitStack,
     bar: Any,
+    only_beside: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[BenchConfig, Any, Frozen]]:
     """Start every configuration's server for the whole run, each frozen until its turn; one
-    that fails to start is recorded and left out."""
+    that fails to start is recorded and left out. `only_beside`: configurations started only
+    to run beside others (`Lever.beside`; their own cells done on a resume): a failure to start
+    is not recorded under them (it would drop their complete records), the others fail."""
     servers = {}
     for config in configs:
         bar.set_postfix(config=config.name, stage="starting")
@@ -202,7 +205,8 @@ def start_all(
             stack.enter_context(server := start(config, preset_dir))
         except ServerStartError as error:  # the other configs still run
             bar.write(f"failed {config.name}: {str(error).splitlines()[0]}")
-            result["configs"][config.name]["failed"] = str(error)[-4000:]
+            if config.name not in only_beside:
+                result["configs"][config.name]["failed"] = str(error)[-4000:]
             continue
         frozen = Frozen(server.process)
         frozen.freeze()

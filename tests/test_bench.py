@@ -209,6 +209,24 @@ def test_restart_servers_reaches_the_plan_and_is_off_by_default():
     assert asdict(fresh)["restart_servers"] is True
 
 
+def test_speculative_configs_run_the_single_pool_schedule_unless_told_otherwise(capsys):
+    from cluster.bench.cli import _schedule
+    from cluster.bench.plan import SINGLE_POOL_SCHEDULE
+    from cluster.cli import build_parser, main
+
+    def schedule_of(*argv: str):
+        return _schedule(build_parser().parse_args(["bench", *argv]).schedule)
+
+    assert schedule_of() == SINGLE_POOL_SCHEDULE  # what `make bench` runs
+    assert schedule_of("--schedule", "none") is None
+    assert schedule_of("--schedule", "[[1, 16, 1]]") == [[1, 16, 1]]
+    assert _schedule(None) is None  # a run recorded before the default
+    # The default is what the single-pool engine's depth sweep derives.
+    sweep = ROOT / "benchmarks" / "results" / "bench" / "20261205-123741"
+    assert main(["bench", "schedule", str(sweep)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == SINGLE_POOL_SCHEDULE
+
+
 def test_mixed_cells_draw_half_short_chat_half_long_code(tokenizer, tmp_path):
     plan = Plan(
         workloads=("code-long", "mixed"), contexts=(512,), concurrencies=(4,), output_tokens=32,

@@ -46,6 +46,12 @@ def _plan(args: argparse.Namespace):
     return Plan(**{k: v for k, v in chosen.items() if v is not None})
 
 
+def _schedule(option: str | None) -> list[list[int]] | None:
+    """`--schedule` as recorded in a run's options: the dynamic schedule, or None for `-k` at
+    every batch size (`none`; runs from before the default recorded None)."""
+    return None if option in (None, "none") else json.loads(option)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import yaml
 
@@ -82,7 +88,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for item in options["drafter"]:
         name, _, path = item.partition("=")
         drafters[name] = Path(path)
-    schedule = json.loads(options["schedule"]) if options["schedule"] else None
+    schedule = _schedule(options["schedule"])
     try:
         configs = bench_plan.configurations(
             yaml.safe_load(preset.read_text()), names, drafters, options["k"], schedule
@@ -207,7 +213,13 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
-    from cluster.bench.plan import ABLATION_CONFIGS, CONFIG_NAMES, HEADLINE_CONFIGS, LEVER_CONFIGS
+    from cluster.bench.plan import (
+        ABLATION_CONFIGS,
+        CONFIG_NAMES,
+        HEADLINE_CONFIGS,
+        LEVER_CONFIGS,
+        SINGLE_POOL_SCHEDULE,
+    )
 
     bench = commands.add_parser(
         "bench",
@@ -220,7 +232,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "prefixes, stopping at the target's end) with vLLM's benchmark client. Writes "
         "result.json (atomically, after every cell: --resume continues), summary.json with "
         "paired ratios and the ablation, table.md and plots. On 2 cores the default (3 "
-        "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 60 minutes. Subcommands "
+        "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 2.5 hours at "
+        "--output-tokens 64 (a repetition 24 minutes, a third of it 2k at c=16). Subcommands "
         "`report` and `schedule` read a finished run.",
         formatter_class=DefaultsHelpFormatter,
     )
@@ -267,8 +280,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("-k", type=int, default=3, help="draft depth of speculative configs")
     bench.add_argument(
         "--schedule",
-        help="dynamic speculation schedule for speculative configs, JSON [[first, last, k], ...] "
-        "(see `cluster bench schedule`)",
+        default=json.dumps(SINGLE_POOL_SCHEDULE),
+        help="dynamic speculation schedule of the speculative configs, JSON [[first, last, k], "
+        "...] (see `cluster bench schedule`), or `none` for -k at every batch size (default: "
+        "%(default)s, from the single-pool depth sweep; `eagle3.1-k<N>` is always fixed)",
     )
     bench.add_argument(
         "--drafter", action="append", default=[], metavar="NAME=PATH",

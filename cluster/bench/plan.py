@@ -127,6 +127,12 @@ CLUSTER_NAMES = (
 )
 CONFIG_NAMES = (*CLUSTER_NAMES, *BASELINES)
 HEADLINE_CONFIGS = ("vllm-serve", "none", "eagle3.1")
+SINGLE_POOL_SCHEDULE = [[1, 15, 3], [16, 16, 0]]
+"""Dynamic speculation schedule of the single-pool speculative configurations (one engine on
+both cores, `SINGLE_POOL_ENGINE`) unless `--schedule` says otherwise: what `cluster bench
+schedule benchmarks/results/bench/20261205-123741` derives from that engine's depth sweep
+(k = 0, 1, 3 at c = 1, 4, 16; a test keeps them equal). The embedded preset's one-core pools
+have their own (`configs/embedded.yaml`)."""
 ABLATION_CONFIGS = ("inprocess", "vllm-serve", "rayllm", "none", *LEVER_CONFIGS)
 
 

@@ -232,8 +232,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "prefixes, stopping at the target's end) with vLLM's benchmark client. Writes "
         "result.json (atomically, after every cell: --resume continues), summary.json with "
         "paired ratios and the ablation, table.md and plots. On 2 cores the default (3 "
-        "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 2.5 hours at "
-        "--output-tokens 64 (a repetition 24 minutes, a third of it 2k at c=16). Subcommands "
+        "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 2 hours at "
+        "--output-tokens 64 (a repetition 21 minutes, 2k at c=16 8 of them). Subcommands "
         "`report` and `schedule` read a finished run.",
         formatter_class=DefaultsHelpFormatter,
     )

@@ -43,9 +43,8 @@ unit: install $(TOOLS)
 	$(BIN)/python -m pytest -ra -m "not e2e" $(PYTEST_ARGS)
 
 # The headline benchmark (about 2 hours on 2 cores; not part of `make test`): see docs/benchmarks.md.
-BENCH_ARGS ?= --output-tokens 64
 bench: prepare
-	$(BIN)/cluster bench --headline $(BENCH_ARGS)
+	$(BIN)/cluster bench --headline --output-tokens 64 $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -220,7 +220,15 @@ def test_speculative_configs_run_the_single_pool_schedule_unless_told_otherwise(
     assert schedule_of() == SINGLE_POOL_SCHEDULE  # what `make bench` runs
     assert schedule_of("--schedule", "none") is None
     assert schedule_of("--schedule", "[[1, 16, 1]]") == [[1, 16, 1]]
-    assert _schedule(None) is None  # a run recorded before the default
+    assert _schedule(None) is None and _schedule("") is None  # runs recorded before it
+    # A depth below the schedule's is refused before anything starts, saying what to pass.
+    import yaml
+
+    preset = yaml.safe_load((ROOT / "configs" / "embedded.yaml").read_text())
+    with pytest.raises(ValueError, match="outside 0..1.*--schedule none"):
+        configurations(preset, ("ngram",), {}, 1, SINGLE_POOL_SCHEDULE)
+    (fixed,) = configurations(preset, ("ngram",), {}, 1, None)
+    assert fixed.config_data["pools"][0]["speculation"]["num_speculative_tokens"] == 1
     # The default is what the single-pool engine's depth sweep derives.
     sweep = ROOT / "benchmarks" / "results" / "bench" / "20261205-123741"
     assert main(["bench", "schedule", str(sweep)]) == 0

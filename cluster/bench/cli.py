@@ -49,7 +49,7 @@ def _plan(args: argparse.Namespace):
 def _schedule(option: str | None) -> list[list[int]] | None:
     """`--schedule` as recorded in a run's options: the dynamic schedule, or None for `-k` at
     every batch size (`none`; runs from before the default recorded None)."""
-    return None if option in (None, "none") else json.loads(option)
+    return None if option in (None, "", "none") else json.loads(option)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -231,9 +231,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "each --concurrency, --waves x c requests and at least --min-requests, unique prompt "
         "prefixes, stopping at the target's end) with vLLM's benchmark client. Writes "
         "result.json (atomically, after every cell: --resume continues), summary.json with "
-        "paired ratios and the ablation, table.md and plots. On 2 cores the default (3 "
-        "configs, 1k and 2k at c=1,4,16, 5+1 repetitions) takes about 2 hours at "
-        "--output-tokens 64 (a repetition 21 minutes, 2k at c=16 8 of them). Subcommands "
+        "paired ratios and the ablation, table.md and plots. On 2 cores the headline (`make "
+        "bench`: the default configs and cells, 5+1 repetitions, --output-tokens 64) takes about "
+        "2 hours (a repetition 21 minutes, 2k at c=16 8 of them). Subcommands "
         "`report` and `schedule` read a finished run.",
         formatter_class=DefaultsHelpFormatter,
     )
@@ -277,7 +277,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "then varies between repetitions instead of repeating in all; about a start per "
         "configuration and repetition more)",
     )  # fmt: skip
-    bench.add_argument("-k", type=int, default=3, help="draft depth of speculative configs")
+    bench.add_argument(
+        "-k", type=int, default=3,
+        help="draft depth of speculative configs: the most a --schedule may draft, or the depth "
+        "at every batch size with --schedule none",
+    )  # fmt: skip
     bench.add_argument(
         "--schedule",
         default=json.dumps(SINGLE_POOL_SCHEDULE),

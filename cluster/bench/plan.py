@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.speculation import schedule_problem
+
 SINGLE_POOL_ENGINE = {
     "max_num_seqs": 16,
     "enforce_eager": True,
@@ -132,7 +134,8 @@ SINGLE_POOL_SCHEDULE = [[1, 15, 3], [16, 16, 0]]
 both cores, `SINGLE_POOL_ENGINE`) unless `--schedule` says otherwise: what `cluster bench
 schedule benchmarks/results/bench/20261205-123741` derives from that engine's depth sweep
 (k = 0, 1, 3 at c = 1, 4, 16; a test keeps them equal). The embedded preset's one-core pools
-have their own (`configs/embedded.yaml`)."""
+have their own (`configs/embedded.yaml`). Measured for EAGLE 3.1; `ngram` and `eagle3` get it
+too, so the speculative configurations of a run differ in their drafter only."""
 ABLATION_CONFIGS = ("inprocess", "vllm-serve", "rayllm", "none", *LEVER_CONFIGS)
 
 
@@ -320,6 +323,11 @@ def speculation_of(
             return f"no {name} drafter at {drafter}"
         spec = {"method": "eagle3", "drafter": str(drafter), "num_speculative_tokens": k}
     if schedule:
+        if problem := schedule_problem([tuple(r) for r in schedule], k):
+            raise ValueError(
+                f"--schedule {schedule} with -k {k}: {problem}; `--schedule none` runs -k at "
+                "every batch size"
+            )
         spec["num_speculative_tokens_per_batch_size"] = schedule
     return spec
 

@@ -3,7 +3,7 @@
 Every server runs in a session of its own (`start_new_session`); Ray's daemons and actors and
 vLLM's engine processes stay in it. Between its turns a server is frozen (SIGSTOP to every
 process of its session) and thawed (SIGCONT) for its next turn, so an idle Ray instance's
-background work (about 15% of a core, measured) never competes with the configuration being
+background work (about a fifth of a core, measured) never competes with the configuration being
 measured (unless it is that configuration's point: `Lever.beside`), and servers start once per
 run instead of once per repetition (`start_all`, `kept_turn`); with `--restart-servers` each
 turn starts its own instead (`fresh_turn`).

@@ -56,8 +56,9 @@ class SpeculationConfig(Strict):
     inclusive running-batch-size ranges from 1 upwards, each with its draft depth `k` (0: no
     speculation at that batch size; at most `num_speculative_tokens`). Speculation pays while
     a step is memory-bound (small batches) and costs once it is compute-bound; derive the
-    breakpoints from a measured sweep (`cluster bench --sweep-k`). None: always
-    `num_speculative_tokens`. vLLM ignores it with data parallel > 1 (refused here)."""
+    breakpoints from a measured depth sweep (`cluster bench schedule`, docs/benchmarks.md).
+    None: always `num_speculative_tokens`. vLLM ignores it with data parallel > 1 (refused
+    here)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> SpeculationConfig:

@@ -290,7 +290,8 @@ def test_configurations():
     drafter = ROOT / "drafters" / "smollm2-135m-instruct-eagle3.1"
     names = ("none", "eagle3", "eagle3.1", "eagle3.1-k5", "routed", "vllm-serve", "none:batch0",
              "none:haproxy", "rayllm:haproxy", "rayllm:direct-streaming", "speculative-x2",
-             "throughput-x2", "speculative-x1", "vllm-serve:beside-ray")  # fmt: skip
+             "throughput-x2", "speculative-x1", "vllm-serve:beside-ray",
+             "none:loop500")  # fmt: skip
     configs = configurations(preset, names, {"eagle3.1": drafter}, 3, [[1, 4, 3], [5, 16, 1]])
     by_name = {c.name: c for c in configs}
     assert by_name["eagle3"].skip_reason and not by_name["eagle3.1"].skip_reason
@@ -314,6 +315,9 @@ def test_configurations():
     assert lever == {**by_name["none"].config_data["pools"][0], "stream_batching_interval_ms": 0}
     assert by_name["none:haproxy"].environment == {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
     assert by_name["rayllm:haproxy"].kind == "rayllm"
+    loop = by_name["none:loop500"]
+    assert loop.environment == {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+    assert loop.kind == "cluster"
     # Direct streaming only exists in Ray Serve LLM's own app (our ingress is the router), and
     # Serve refuses it without HAProxy.
     direct = by_name["rayllm:direct-streaming"]

@@ -789,7 +789,7 @@ def test_a_server_that_stopped_answering_is_named_not_raised():
     import threading
     from types import SimpleNamespace
 
-    from cluster.bench.runner import unanswered
+    from cluster.bench.servers import unanswered
     from cluster.launcher import free_port
 
     failures = []

@@ -11,9 +11,7 @@ run resumes where it stopped (`cluster bench --resume DIR`).
 from __future__ import annotations
 
 import contextlib
-import http.client
 import io
-import json
 import math
 import os
 import platform
@@ -21,7 +19,6 @@ import random
 import signal
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import asdict, replace
@@ -36,7 +33,14 @@ from cluster.atomic import write_atomically
 from cluster.bench import metrics
 from cluster.bench.plan import MIXED_CHAT_SHARE, BenchConfig, Cell, Plan
 from cluster.bench.reports import cell_engine_fields, routed_pools, snapshot
-from cluster.bench.servers import InProcessServer, fresh_turn, kept_turn, start_all
+from cluster.bench.servers import (
+    CompanionStopped,
+    InProcessServer,
+    fresh_turn,
+    kept_turn,
+    start_all,
+    unanswered,
+)
 from cluster.launcher import ServerStartError, session_cpu_seconds, settle
 
 RESULT_FILE = "result.json"
@@ -308,10 +312,6 @@ def swapped_pages() -> dict[str, int]:
     return {"in": int(fields.get("pswpin", 0)), "out": int(fields.get("pswpout", 0))}
 
 
-class CompanionStopped(ServerStartError):
-    """The server a configuration runs beside (`Lever.beside`) stopped answering."""
-
-
 def cpu_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """CPU seconds a server used during a cell: its vLLM engine processes, and everything else
     (HTTP, Ray Serve's proxy, ingress and replica, Ray's daemons). Processes that started or
@@ -319,49 +319,6 @@ def cpu_split(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     spent = {name: after[name] - before.get(name, 0.0) for name in after}
     engine = sum(v for name, v in spent.items() if name.startswith("VLLM::"))
     return {"engine": engine, "serving": sum(spent.values()) - engine}
-
-
-def touch(server: Any, model: str) -> None:
-    """One short untimed request after a thaw: pages a server swapped out while frozen back in
-    and wakes its threads, so the first measured request does not pay for it."""
-    prompt, tokens = "Write a Python function that adds two numbers.", 8
-    if isinstance(server, InProcessServer):
-        server.replay({"prompts": [prompt], "max_tokens": [tokens], "concurrency": 1,
-                       "ignore_eos": True})  # fmt: skip
-        return
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}
-    request = urllib.request.Request(
-        f"{server.base_url}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=300) as response:
-        response.read()
-
-
-THAW_TRIES = 3
-"""`touch` tries before a server that cuts the connection off counts as stopped: a thawed
-server paging back in from swap may cut its first request off (`none:haproxy` did, once, after
-10 minutes frozen)."""
-
-
-def unanswered(server: Any, model: str, pause_s: float = 5) -> str | None:
-    """`touch` the server (up to `THAW_TRIES` times, `pause_s` apart); why it did not answer
-    (e.g. an engine OOM-killed while it was frozen), or None."""
-    for attempt in range(THAW_TRIES):
-        try:
-            touch(server, model)
-            return None
-        except (OSError, http.client.HTTPException, RuntimeError) as error:
-            problem = str(error) or type(error).__name__  # HTTP errors, refused, cut off
-            # Only a connection cut off is worth another try: a timeout already waited, an
-            # in-process engine would answer the old job next, and a 503 while a replica
-            # restarts would let the run measure a cold engine unnoticed.
-            if not isinstance(error, ConnectionResetError | http.client.RemoteDisconnected):
-                return problem
-        if attempt + 1 < THAW_TRIES:
-            time.sleep(pause_s)
-    return problem
 
 
 def measure(

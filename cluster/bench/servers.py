@@ -6,12 +6,14 @@ process of its session) and thawed (SIGCONT) for its next turn, so an idle Ray i
 background work (about a fifth of a core, measured) never competes with the configuration being
 measured (unless it is that configuration's point: `Lever.beside`), and servers start once per
 run instead of once per repetition (`start_all`, `kept_turn`); with `--restart-servers` each
-turn starts its own instead (`fresh_turn`).
+turn starts its own instead (`fresh_turn`). After a thaw a server is touched once and one
+that does not answer is named (`unanswered`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -246,3 +249,50 @@ def fresh_turn(
             "engine_cores": engine_cores(server.process.pid),
         })  # fmt: skip
         yield server
+
+
+class CompanionStopped(ServerStartError):
+    """The server a configuration runs beside (`Lever.beside`) stopped answering."""
+
+
+def touch(server: Any, model: str) -> None:
+    """One short untimed request after a thaw: pages a server swapped out while frozen back in
+    and wakes its threads, so the first measured request does not pay for it."""
+    prompt, tokens = "Write a Python function that adds two numbers.", 8
+    if isinstance(server, InProcessServer):
+        server.replay({"prompts": [prompt], "max_tokens": [tokens], "concurrency": 1,
+                       "ignore_eos": True})  # fmt: skip
+        return
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        response.read()
+
+
+THAW_TRIES = 3
+"""`touch` tries before a server that cuts the connection off counts as stopped: a thawed
+server paging back in from swap may cut its first request off (`none:haproxy` did, once, after
+10 minutes frozen)."""
+
+
+def unanswered(server: Any, model: str, pause_s: float = 5) -> str | None:
+    """`touch` the server (up to `THAW_TRIES` times, `pause_s` apart); why it did not answer
+    (e.g. an engine OOM-killed while it was frozen), or None."""
+    for attempt in range(THAW_TRIES):
+        try:
+            touch(server, model)
+            return None
+        except (OSError, http.client.HTTPException, RuntimeError) as error:
+            problem = str(error) or type(error).__name__  # HTTP errors, refused, cut off
+            # Only a connection cut off is worth another try: a timeout already waited, an
+            # in-process engine would answer the old job next, and a 503 while a replica
+            # restarts would let the run measure a cold engine unnoticed.
+            if not isinstance(error, ConnectionResetError | http.client.RemoteDisconnected):
+                return problem
+        if attempt + 1 < THAW_TRIES:
+            time.sleep(pause_s)
+    return problem

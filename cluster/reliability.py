@@ -158,6 +158,8 @@ def bad_inputs(model: str) -> dict[str, tuple[str, Any, dict]]:
         "negative temperature": (chat, c(temperature=-1), {}),
         "top_p above 1": (chat, c(top_p=5), {}),
         "n of zero": (chat, c(n=0), {}),
+        "more sequences than a replica takes": (chat, c(n=100_000), {}),
+        "prompts x n over a replica": (comp, {"model": model, "prompt": ["a"] * 40, "n": 40}, {}),
         "stream not a boolean": (chat, c(stream="yes please"), {}),
         "stop of wrong type": (chat, c(stop=5), {}),
         "empty prompt": (comp, {"model": model, "prompt": "", "max_tokens": 4}, {}),

@@ -165,3 +165,40 @@ def test_replica_counts_refresh_fast_while_they_change_and_slowly_once_settled(m
     settled_calls, after_wait, running = asyncio.run(scenario())
     assert settled_calls == 4 and running == 1
     assert settled_calls + 1 <= after_wait <= settled_calls + 20  # 1 s cadence, not a spin
+
+
+def test_a_request_holds_one_place_per_sequence_and_waiters_keep_their_turn():
+    async def scenario():
+        gate = _gate(per_replica=4, max_queued=2, queue_timeout_s=5)
+        three = await gate.enter(3)  # n = 3
+        assert gate.try_enter(2) is None  # 3 + 2 > 4
+        heavy = asyncio.create_task(gate.enter(2))
+        await asyncio.sleep(0)
+        light = asyncio.create_task(gate.enter(1))  # would fit now, but the heavy one is first
+        await asyncio.sleep(0)
+        held_back = (gate.in_flight, gate.queued)
+        three.release()
+        slots = [await heavy, await light]
+        return gate, held_back, slots
+
+    gate, held_back, slots = asyncio.run(scenario())
+    assert held_back == (3, 2)
+    assert (gate.in_flight, gate.queued) == (3, 0)
+    for slot in slots:
+        slot.release()
+    assert gate.in_flight == 0
+
+
+def test_a_heavy_waiter_that_gives_up_lets_the_lighter_ones_behind_it_in():
+    async def scenario():
+        gate = _gate(per_replica=4, max_queued=2, queue_timeout_s=5)
+        await gate.enter(3)
+        heavy = asyncio.create_task(gate.enter(4))
+        await asyncio.sleep(0)
+        light = asyncio.create_task(gate.enter(1))
+        await asyncio.sleep(0)
+        heavy.cancel()
+        return gate, await asyncio.wait_for(light, 1)
+
+    gate, light = asyncio.run(scenario())
+    assert light.weight == 1 and (gate.in_flight, gate.queued) == (4, 0)

@@ -140,6 +140,26 @@ def test_prompt_text_and_token_counts():
 
 
 @pytest.mark.parametrize(
+    ("data", "kind", "count"),
+    [({"messages": [{"role": "user", "content": "hi"}]}, "chat", 1),
+     ({"messages": [{"role": "user", "content": "hi"}], "n": 4}, "chat", 4),
+     ({"messages": [{"role": "user", "content": "hi"}], "n": None}, "chat", 1),
+     ({"prompt": "x", "n": 3}, "completions", 3),
+     ({"prompt": [1, 2, 3], "n": 2}, "completions", 2),  # token ids: one prompt
+     ({"prompt": ["a", "b", "c"], "n": 2}, "completions", 6),
+     ({"prompt": [[1], [2]]}, "completions", 2)],
+)  # fmt: skip
+def test_a_request_runs_n_sequences_for_each_prompt(data, kind, count):
+    assert protocol.sequences(protocol.validate({"model": "m", **data}, kind)) == count
+
+
+def test_more_sequences_than_a_replica_takes_is_400_naming_n():
+    protocol.check_sequences(8, 8)
+    error = _status(protocol.check_sequences, 9, 8)
+    assert (error.status, error.param) == (400, "n") and "at most 8" in error.message
+
+
+@pytest.mark.parametrize(
     ("header", "kept"),
     [("req-42.a:b_c", True), ("r0-mixed-1024@c2-1a2b3c4d-7", True), (None, False),
      ("", False), ("a key=admin", False), ("x" * 129, False), ("x" * 128, True),

@@ -160,6 +160,11 @@ def ingress_class(server: ServerConfig) -> type:
             self._targets = {t.id: t for t in targets}
             self._encoders = {t.id: _load_tokenizer(t.tokenizer) for t in targets}
             self._pool_of_role = {(p.target, p.role): p.name for p in pools}
+            # The most sequences a request may run: what a replica of each of its pools takes.
+            self._per_replica = {
+                t.id: min(p.max_ongoing_requests for p in pools if p.target == t.id)
+                for t in targets
+            }
             # The calibrated model (absolute path from the app builder); None: rule v1.
             self._model = PerformanceModel.load(profile) if profile else None
             self._tracer = make_tracer_provider(telemetry).get_tracer(TRACER_NAME)
@@ -218,7 +223,7 @@ def ingress_class(server: ServerConfig) -> type:
             headers = {REQUEST_ID_HEADER: request_id}
             try:
                 key_name = self._keys.authorize(request.headers.get("authorization"), INFERENCE)
-                body, target, prompt_tokens = await self._read(request, kind)
+                body, target, prompt_tokens, weight = await self._read(request, kind)
             except ApiError as error:
                 return self._reject(error, headers)
             trace = RequestTrace(self._tracer, request.headers, kind)
@@ -229,7 +234,7 @@ def ingress_class(server: ServerConfig) -> type:
             self._record(request_id, target.id, pool, reason, prompt_tokens, key_name, trace)
             other = self._other_pool(pool)
             try:
-                pool, slot = await self._admit(pool, other)
+                pool, slot = await self._admit(pool, other, weight)
                 headers[POOL_HEADER] = pool  # a spill: errors from here on are that pool's
                 trace.start_pool_call(pool)
                 started = await streaming.start(
@@ -288,26 +293,28 @@ def ingress_class(server: ServerConfig) -> type:
             other_role = "throughput" if ref.role == "speculative" else "speculative"
             return self._pool_of_role.get((ref.target, other_role))
 
-        async def _admit(self, pool: str, other: str | None) -> tuple[str, Slot]:
-            """A slot in the chosen pool; when it is full (or goes down while we wait), one in
-            the target's other pool; else the chosen pool's answer (429/503)."""
+        async def _admit(self, pool: str, other: str | None, weight: int) -> tuple[str, Slot]:
+            """A slot of `weight` places (the request's sequences) in the chosen pool; when it
+            is full (or goes down while we wait), one in the target's other pool; else the
+            chosen pool's answer (429/503)."""
             gates = self._pools.gates
-            slot = gates[pool].try_enter()
+            slot = gates[pool].try_enter(weight)
             if slot is None and other is not None and self._load(other).up:
-                spill = gates[other].try_enter()
+                spill = gates[other].try_enter(weight)
                 if spill is not None:
                     return other, spill
             if slot is not None:
                 return pool, slot
             try:
-                return pool, await gates[pool].enter()
+                return pool, await gates[pool].enter(weight)
             except ApiError as error:
                 if not error.retryable or other is None:
                     raise
-                return other, await gates[other].enter()
+                return other, await gates[other].enter(weight)
 
         async def _read(self, request: Request, kind: str):
-            """Body -> (request model, target, prompt tokens); any problem is an ApiError."""
+            """Body -> (request model, target, prompt tokens, sequences); any problem is an
+            ApiError."""
             raw = await protocol.read_body(
                 request.stream(), request.headers.get("content-length"),
                 self._server.max_body_bytes,
@@ -329,7 +336,9 @@ def ingress_class(server: ServerConfig) -> type:
                 protocol.count_tokens, protocol.prompt_text(body), encode
             )
             protocol.check_context(prompt_tokens, target.max_model_len)
-            return body, target, prompt_tokens
+            weight = protocol.sequences(body)
+            protocol.check_sequences(weight, self._per_replica[target.id])
+            return body, target, prompt_tokens, weight
 
         def _target(self, model: Any) -> TargetRef:
             if model is None and len(self._targets) == 1:

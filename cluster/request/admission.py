@@ -7,6 +7,11 @@ with `Retry-After`. A pool at zero replicas that may scale from zero counts as o
 first requests go to Serve, whose queue is what wakes the autoscaler, and the dispatcher bounds
 their wait for a replica by the same timeout. A slot is a guard: it is released exactly once,
 when the response (or stream) ends, however it ends.
+
+A request holds as many places as sequences it runs in the engine at once (`n` per prompt,
+`protocol.sequences`), so `n = 8` weighs what 8 requests do; waiters are served first come,
+first served (a heavy request at the head is not overtaken). The ingress refuses a request
+heavier than one replica takes (`per_replica`) before it gets here.
 """
 
 from __future__ import annotations
@@ -21,15 +26,16 @@ from cluster.request.errors import ApiError
 
 
 class Slot:
-    """One admitted request's place in a pool."""
+    """One admitted request's places in a pool."""
 
-    def __init__(self, gate: PoolGate):
+    def __init__(self, gate: PoolGate, weight: int = 1):
         self._gate: PoolGate | None = gate
+        self.weight = weight
 
     def release(self) -> None:
         if self._gate is not None:
             gate, self._gate = self._gate, None
-            gate._release()
+            gate._release(self.weight)
 
 
 class PoolGate:
@@ -53,7 +59,7 @@ class PoolGate:
         self.running_replicas = 0
         self.in_flight = 0
         self._status_at: float | None = None  # monotonic time of the last replica count
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[tuple[asyncio.Future, int]] = deque()  # (grant, weight)
         self._on_wait = on_wait
 
     @property
@@ -86,7 +92,7 @@ class PoolGate:
         self._status_at = time.monotonic()
         if self.capacity == 0:  # the pool went down: waiters may find another pool
             while self._waiters:
-                waiter = self._waiters.popleft()
+                waiter, _ = self._waiters.popleft()
                 if not waiter.done():
                     waiter.set_exception(
                         ApiError(
@@ -99,17 +105,18 @@ class PoolGate:
                     )
         self._wake()
 
-    def try_enter(self) -> Slot | None:
-        """A slot now, or None (no waiting): for failover to a pool that was not chosen."""
-        if self.in_flight < self.capacity and not self._waiters:
-            self.in_flight += 1
+    def try_enter(self, weight: int = 1) -> Slot | None:
+        """A slot of `weight` places now, or None (no waiting): for failover to a pool that was
+        not chosen."""
+        if self.in_flight + weight <= self.capacity and not self._waiters:
+            self.in_flight += weight
             if self.cold and self._on_wait is not None:
                 self._on_wait()  # let in to wait in Serve for a replica to start
-            return Slot(self)
+            return Slot(self, weight)
         return None
 
-    async def enter(self) -> Slot:
-        slot = self.try_enter()
+    async def enter(self, weight: int = 1) -> Slot:
+        slot = self.try_enter(weight)
         if slot is not None:
             return slot
         if len(self._waiters) >= self.max_queued:
@@ -121,7 +128,8 @@ class PoolGate:
                 retry_after_s=self.retry_after_s,
             )
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        entry = (waiter, weight)
+        self._waiters.append(entry)
         if self._on_wait is not None:
             self._on_wait()
         try:
@@ -130,10 +138,11 @@ class PoolGate:
             raise
         except BaseException as error:  # the wait timed out, or the client went away
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._release()  # granted just as we gave up: pass the slot on
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+                self._release(weight)  # granted just as we gave up: pass the places on
+            elif entry in self._waiters:
+                self._waiters.remove(entry)
                 waiter.cancel()
+                self._wake()  # a heavy request at the head may have held lighter ones back
             if not isinstance(error, TimeoutError):
                 raise
             raise ApiError(
@@ -143,16 +152,22 @@ class PoolGate:
                 code="pool_timeout",
                 retry_after_s=self.retry_after_s,
             ) from None
-        return Slot(self)
+        return Slot(self, weight)
 
-    def _release(self) -> None:
-        self.in_flight -= 1
+    def _release(self, weight: int) -> None:
+        self.in_flight -= weight
         self._wake()
 
     def _wake(self) -> None:
-        # Granting a waiter moves the slot to it (in_flight stays counted).
-        while self._waiters and self.in_flight < self.capacity:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self.in_flight += 1
-                waiter.set_result(None)
+        # Granting a waiter moves the places to it (in_flight stays counted); first come,
+        # first served: the head waits until its weight fits.
+        while self._waiters:
+            waiter, weight = self._waiters[0]
+            if waiter.done():
+                self._waiters.popleft()
+                continue
+            if self.in_flight + weight > self.capacity:
+                break
+            self._waiters.popleft()
+            self.in_flight += weight
+            waiter.set_result(None)

@@ -214,3 +214,23 @@ def check_context(prompt_tokens: int, max_model_len: int | None) -> None:
             "without any output tokens. Please reduce the length of the input prompt.",
             param="input_tokens",
         )
+
+
+def sequences(request: Any) -> int:
+    """Sequences the engine runs at once for a request: `n` for each prompt (with beam search,
+    `n` is the beam width), several prompts in one completions request each their own."""
+    n = max(request.n or 1, 1)
+    prompt = getattr(request, "prompt", None)
+    several = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+    return n * (len(prompt) if several else 1)
+
+
+def check_sequences(count: int, per_replica: int) -> None:
+    """A request heavier than one replica takes at once: a 400, not a wait that cannot end."""
+    if count > per_replica:
+        raise ApiError(
+            400,
+            f"n: this request runs {count} sequences at once (n for each prompt); a replica "
+            f"of this model takes at most {per_replica} (its pools' max_ongoing_requests)",
+            param="n",
+        )

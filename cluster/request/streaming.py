@@ -63,11 +63,13 @@ async def start(
     call: Callable[[str], Any],
     on_retry: Callable[[str, ApiError], None],
 ) -> Started:
-    """Run attempts in `order` until one yields a first item; `slot` is the first pool's."""
+    """Run attempts in `order` until one yields a first item; `slot` is the first pool's (a
+    retry takes as many places in its pool)."""
     last: ApiError | None = None
+    weight = slot.weight
     for attempt, pool in enumerate(order):
         if attempt:
-            slot = gates[pool].try_enter()
+            slot = gates[pool].try_enter(weight)
             if slot is None:  # that pool is full or down: the failure before it stays the answer
                 continue
         gate = gates[pool]

@@ -221,6 +221,18 @@ def test_unknown_role_and_unsupported_part_are_400_naming_them(cluster):
     assert response.status_code == 400 and "'image_url'" in response.json()["error"]["message"]
 
 
+def test_n_choices_are_served_and_more_than_a_replica_takes_is_400(client, cluster):
+    done = client.completions.create(
+        model=cluster.model, prompt=["def add(a, b):", "def sub(a, b):"], n=2, max_tokens=4
+    )
+    assert len(done.choices) == 4 and all(c.text for c in done.choices)
+    path, body, headers = bad_inputs(cluster.model)["prompts x n over a replica"]
+    response = _client(cluster).post(path, body, headers)
+    error = response.json()["error"]
+    assert (response.status_code, error["param"]) == (400, "n"), error
+    assert "1600 sequences" in error["message"], error
+
+
 def test_multi_part_text_content_is_served(client, cluster):
     parts = [{"type": "text", "text": "Name one prime"}, {"type": "text", "text": " number."}]
     response = client.chat.completions.create(

@@ -79,7 +79,8 @@ class PoolLoad:
     """`speculative` or `throughput`."""
     running_replicas: int
     in_flight: int
-    """Requests sent to the pool and not finished."""
+    """Sequences sent to the pool and not finished, those waiting at its gate included (a
+    request with `n` > 1 counts `n` for each prompt)."""
     scales_from_zero: bool = False
     """`min_replicas: 0`: no replica may be running, yet a request starts one."""
     stats_age_s: float = 0.0

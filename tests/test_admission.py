@@ -189,6 +189,24 @@ def test_a_request_holds_one_place_per_sequence_and_waiters_keep_their_turn():
     assert gate.in_flight == 0
 
 
+def test_a_heavy_head_is_not_overtaken_by_lighter_waiters_that_would_fit():
+    async def scenario():
+        gate = _gate(per_replica=4, max_queued=2, queue_timeout_s=5)
+        three = await gate.enter(3)
+        heavy = asyncio.create_task(gate.enter(2))
+        await asyncio.sleep(0)
+        light = asyncio.create_task(gate.enter(1))
+        await asyncio.sleep(0)
+        gate.set_replicas(1)  # a refresh wakes the queue: 3 + 1 would fit, 3 + 2 not
+        await asyncio.sleep(0)
+        queued = (gate.in_flight, gate.queued, gate.queued_weight, light.done())
+        three.release()
+        await heavy, await light
+        return queued
+
+    assert asyncio.run(scenario()) == (3, 2, 3, False)
+
+
 def test_a_heavy_waiter_that_gives_up_lets_the_lighter_ones_behind_it_in():
     async def scenario():
         gate = _gate(per_replica=4, max_queued=2, queue_timeout_s=5)

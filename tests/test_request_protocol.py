@@ -147,16 +147,18 @@ def test_prompt_text_and_token_counts():
      ({"prompt": "x", "n": 3}, "completions", 3),
      ({"prompt": [1, 2, 3], "n": 2}, "completions", 2),  # token ids: one prompt
      ({"prompt": ["a", "b", "c"], "n": 2}, "completions", 6),
-     ({"prompt": [[1], [2]]}, "completions", 2)],
+     ({"prompt": [[1], [2]]}, "completions", 2),
+     ({"messages": [{"role": "user", "content": "hi"}], "prompt": ["a", "b"]}, "chat", 1)],
 )  # fmt: skip
 def test_a_request_runs_n_sequences_for_each_prompt(data, kind, count):
     assert protocol.sequences(protocol.validate({"model": "m", **data}, kind)) == count
 
 
-def test_more_sequences_than_a_replica_takes_is_400_naming_n():
-    protocol.check_sequences(8, 8)
-    error = _status(protocol.check_sequences, 9, 8)
+def test_more_sequences_than_a_replica_takes_is_400_naming_n_or_the_prompts():
+    protocol.check_sequences(8, 4, 8)
+    error = _status(protocol.check_sequences, 9, 3, 8)
     assert (error.status, error.param) == (400, "n") and "at most 8" in error.message
+    assert _status(protocol.check_sequences, 9, 1, 8).param == "prompt"
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def _gates():
     return gates
 
 
-def _run(scripts: dict[str, list], order):
+def _run(scripts: dict[str, list], order, weight: int = 1):
     gates, calls, retries = _gates(), [], []
 
     def call(pool):
@@ -58,7 +58,7 @@ def _run(scripts: dict[str, list], order):
         return stream
 
     async def go():
-        slot = gates[order[0]].try_enter()
+        slot = gates[order[0]].try_enter(weight)
         return await streaming.start(order, slot, gates, call, lambda p, e: retries.append(p))
 
     return asyncio.run(go()), gates, calls, retries
@@ -77,6 +77,15 @@ def test_replica_death_before_first_item_fails_over_to_the_other_pool():
     assert started.pool == "spec" and started.attempts == 2 and retries == ["thr"]
     assert calls[0][1].cancelled
     assert gates["thr"].in_flight == 0 and gates["spec"].in_flight == 1
+
+
+def test_a_failover_takes_as_many_places_as_the_first_attempt():
+    started, gates, _, _ = _run(
+        {"thr": [[ActorDiedError()]], "spec": [[[CHUNK]]]}, ["thr", "spec"], weight=3
+    )
+    assert (gates["thr"].in_flight, gates["spec"].in_flight) == (0, 3)
+    started.slot.release()
+    assert gates["spec"].in_flight == 0
 
 
 def test_engine_5xx_is_retried_but_a_4xx_is_the_answer():

@@ -262,8 +262,8 @@ class PoolConfig(Strict):
     max_ongoing_requests: int = Field(default=64, ge=1)
     """Requests one replica serves at once. The ingress admits at most this many per running
     replica into the pool; more wait in the pool's queue (`max_queued_requests`). A request
-    counts once per sequence it runs (`n` for each prompt); one that runs more than a replica
-    of each of its target's pools takes is refused (400)."""
+    counts once per sequence it runs (`n` for each prompt) and goes only to pools whose replica
+    takes it whole; one that no pool of its target takes is refused (400)."""
 
     max_queued_requests: int = Field(default=64, ge=0)
     """Requests the ingress holds for this pool once its replicas are full (also Serve's

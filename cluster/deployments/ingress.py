@@ -160,9 +160,9 @@ def ingress_class(server: ServerConfig) -> type:
             self._targets = {t.id: t for t in targets}
             self._encoders = {t.id: _load_tokenizer(t.tokenizer) for t in targets}
             self._pool_of_role = {(p.target, p.role): p.name for p in pools}
-            # The most sequences a request may run: what a replica of each of its pools takes.
+            # The most sequences a request may run: what a replica of its largest pool takes.
             self._per_replica = {
-                t.id: min(p.max_ongoing_requests for p in pools if p.target == t.id)
+                t.id: max(p.max_ongoing_requests for p in pools if p.target == t.id)
                 for t in targets
             }
             # The calibrated model (absolute path from the app builder); None: rule v1.
@@ -227,19 +227,19 @@ def ingress_class(server: ServerConfig) -> type:
             except ApiError as error:
                 return self._reject(error, headers)
             trace = RequestTrace(self._tracer, request.headers, kind)
-            pool, reason, explained = await self._route(target.id, body, prompt_tokens)
+            pool, reason, explained = await self._route(target.id, body, prompt_tokens, weight)
             trace.record_route(pool, explained, prompt_tokens)
             headers.update({POOL_HEADER: pool, REASON_HEADER: explained,
                             TRACE_HEADER: trace.trace_id})  # fmt: skip
             self._record(request_id, target.id, pool, reason, prompt_tokens, key_name, trace)
-            other = self._other_pool(pool)
+            other = self._other_pool(pool, weight)
             try:
                 pool, slot = await self._admit(pool, other, weight)
                 headers[POOL_HEADER] = pool  # a spill: errors from here on are that pool's
                 trace.start_pool_call(pool)
                 started = await streaming.start(
                     streaming.attempt_order(
-                        pool, self._other_pool(pool), self._server.max_attempts
+                        pool, self._other_pool(pool, weight), self._server.max_attempts
                     ),
                     slot,
                     self._pools.gates,
@@ -266,13 +266,14 @@ def ingress_class(server: ServerConfig) -> type:
             )
 
         async def record_autoscaling_stats(self) -> dict[str, float]:
-            """Requests waiting at this replica's gates, per pool deployment, for the
+            """Sequences waiting at this replica's gates (`n` for each prompt of a request,
+            as the engines count them), per pool deployment, for the
             application-level autoscaling policy: the queue a pool's own replicas cannot report.
             Serve pushes it only where the ingress has an autoscaling config (`app.
             ingress_options`, with an app policy) and disables it for good after one result
             that is not a dict of numbers: plain counts cannot be anything else."""
             return {
-                ingress_queue_metric(ref.deployment): float(self._pools.gates[name].queued)
+                ingress_queue_metric(ref.deployment): float(self._pools.gates[name].queued_weight)
                 for name, ref in self._pools.pools.items()
             }
 
@@ -288,10 +289,15 @@ def ingress_class(server: ServerConfig) -> type:
                 self._slo_requests.inc(tags={"target": target, "pool": pool,
                                              "outcome": outcome.value})  # fmt: skip
 
-        def _other_pool(self, pool: str) -> str | None:
+        def _other_pool(self, pool: str, weight: int) -> str | None:
+            """The target's other pool, if its replicas take a request of `weight`."""
             ref = self._pools.pools[pool]
             other_role = "throughput" if ref.role == "speculative" else "speculative"
-            return self._pool_of_role.get((ref.target, other_role))
+            other = self._pool_of_role.get((ref.target, other_role))
+            return other if other and self._fits(other, weight) else None
+
+        def _fits(self, pool: str, weight: int) -> bool:
+            return weight <= self._pools.pools[pool].max_ongoing_requests
 
         async def _admit(self, pool: str, other: str | None, weight: int) -> tuple[str, Slot]:
             """A slot of `weight` places (the request's sequences) in the chosen pool; when it
@@ -337,7 +343,7 @@ def ingress_class(server: ServerConfig) -> type:
             )
             protocol.check_context(prompt_tokens, target.max_model_len)
             weight = protocol.sequences(body)
-            protocol.check_sequences(weight, self._per_replica[target.id])
+            protocol.check_sequences(weight, body.n or 1, self._per_replica[target.id])
             return body, target, prompt_tokens, weight
 
         def _target(self, model: Any) -> TargetRef:
@@ -352,11 +358,14 @@ def ingress_class(server: ServerConfig) -> type:
                 )  # fmt: skip
             return self._targets[model]
 
-        async def _route(self, target: str, body: Any, prompt_tokens: int) -> tuple[str, str, str]:
-            """(pool, reason, reason with the predicted rates for the header and trace)."""
+        async def _route(
+            self, target: str, body: Any, prompt_tokens: int, weight: int
+        ) -> tuple[str, str, str]:
+            """(pool, reason, reason with the predicted rates for the header and trace), among
+            the target's pools whose replicas take the request's `weight`."""
             await self._pools.ready()
             loads = {name: self._load(name) for (t, _), name in self._pool_of_role.items()
-                     if t == target}  # fmt: skip
+                     if t == target and self._fits(name, weight)}  # fmt: skip
             request = RequestFeatures(prompt_tokens, routed_max_tokens(body))
             decision = choose_pool(request, loads, self._model, self._routing)
             self._routed[decision.pool] += 1
@@ -365,7 +374,8 @@ def ingress_class(server: ServerConfig) -> type:
         def _load(self, pool: str) -> PoolLoad:
             gate, ref = self._pools.gates[pool], self._pools.pools[pool]
             return PoolLoad(
-                ref.role, gate.running_replicas, gate.in_flight, gate.scales_from_zero,
+                ref.role, gate.running_replicas, gate.in_flight + gate.queued_weight,
+                gate.scales_from_zero,
                 stats_age_s=gate.status_age_s,
                 max_batch=min(gate.per_replica, ref.max_num_seqs),
             )  # fmt: skip

@@ -10,8 +10,8 @@ when the response (or stream) ends, however it ends.
 
 A request holds as many places as sequences it runs in the engine at once (`n` per prompt,
 `protocol.sequences`), so `n = 8` weighs what 8 requests do; waiters are served first come,
-first served (a heavy request at the head is not overtaken). The ingress refuses a request
-heavier than one replica takes (`per_replica`) before it gets here.
+first served (a heavy request at the head is not overtaken). The ingress sends a request only
+to pools whose replica takes its weight (`per_replica`), and refuses one that no pool takes.
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ class PoolGate:
     @property
     def queued(self) -> int:
         return len(self._waiters)
+
+    @property
+    def queued_weight(self) -> int:
+        """Places the waiting requests will hold (their sequences)."""
+        return sum(weight for waiter, weight in self._waiters if not waiter.done())
 
     @property
     def cold(self) -> bool:

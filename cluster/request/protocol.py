@@ -218,19 +218,26 @@ def check_context(prompt_tokens: int, max_model_len: int | None) -> None:
 
 def sequences(request: Any) -> int:
     """Sequences the engine runs at once for a request: `n` for each prompt (with beam search,
-    `n` is the beam width), several prompts in one completions request each their own."""
+    `n` is the beam width); a completions request's prompts (and prompt embeddings, which
+    vLLM runs beside them) are each their own."""
     n = max(request.n or 1, 1)
-    prompt = getattr(request, "prompt", None)
+    if not isinstance(request, CompletionRequest):
+        return n
+    prompt, embeds = request.prompt, request.prompt_embeds
     several = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
-    return n * (len(prompt) if several else 1)
+    prompts = len(prompt) if several else int(prompt is not None)
+    prompts += len(embeds) if isinstance(embeds, list) else int(embeds is not None)
+    return n * max(prompts, 1)
 
 
-def check_sequences(count: int, per_replica: int) -> None:
-    """A request heavier than one replica takes at once: a 400, not a wait that cannot end."""
+def check_sequences(count: int, n: int, per_replica: int) -> None:
+    """A request heavier than any of its pools' replicas takes at once: a 400, not a wait
+    that cannot end."""
     if count > per_replica:
+        param = "n" if n > 1 else "prompt"
         raise ApiError(
             400,
-            f"n: this request runs {count} sequences at once (n for each prompt); a replica "
-            f"of this model takes at most {per_replica} (its pools' max_ongoing_requests)",
-            param="n",
+            f"{param}: this request runs {count} sequences at once (n for each prompt); a "
+            f"replica of this model takes at most {per_replica} (max_ongoing_requests)",
+            param=param,
         )

@@ -42,7 +42,8 @@ test: prepare $(TOOLS)
 unit: install $(TOOLS)
 	$(BIN)/python -m pytest -ra -m "not e2e" $(PYTEST_ARGS)
 
-# The headline benchmark (about 2 hours on 2 cores; not part of `make test`): see docs/benchmarks.md.
+# The headline benchmark (about 3.5 hours on 2 cores, resumable; not part of `make test`): see
+# docs/benchmarks.md.
 bench: prepare
 	$(BIN)/cluster bench --headline --output-tokens 64 $(BENCH_ARGS)
 

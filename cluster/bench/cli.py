@@ -233,7 +233,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "result.json (atomically, after every cell: --resume continues), summary.json with "
         "paired ratios and the ablation, table.md and plots. On 2 cores the headline (`make "
         "bench`: the default configs and cells, 5+1 repetitions, --output-tokens 64) takes about "
-        "2 hours (a repetition 21 minutes, 2k at c=16 8 of them). Subcommands "
+        "3.5 hours (a repetition 35 minutes, 2k at c=16 13 of them). Subcommands "
         "`report` and `schedule` read a finished run.",
         formatter_class=DefaultsHelpFormatter,
     )

@@ -220,3 +220,16 @@ def test_a_heavy_waiter_that_gives_up_lets_the_lighter_ones_behind_it_in():
 
     gate, light = asyncio.run(scenario())
     assert light.weight == 1 and (gate.in_flight, gate.queued) == (4, 0)
+
+
+def test_a_request_goes_only_to_pools_whose_replica_takes_it_whole():
+    from cluster.request.dispatch import PoolClient, PoolRef
+
+    def ref(name, role, per_replica):
+        return PoolRef(name, "t", role, name, per_replica, 4, 1.0, False, per_replica)
+
+    pools = PoolClient({}, [ref("spec", "speculative", 4), ref("thr", "throughput", 32)],
+                       2, "app", 1.0, 5.0)  # fmt: skip
+    assert pools.most_sequences("t") == 32
+    assert [pools.takes(p, 4) for p in ("spec", "thr")] == [True, True]
+    assert [pools.takes(p, 5) for p in ("spec", "thr")] == [False, True]

@@ -244,8 +244,8 @@ def test_with_slos_a_home_pool_short_of_headroom_gives_way_to_the_fastest_that_m
 
 def test_an_output_limit_past_a_float_is_routed_not_a_500(model):
     """Any `int` validates as `max_tokens`; the prediction divides by it."""
-    from cluster.deployments.ingress import ROUTED_OUTPUT_TOKENS_CAP, routed_max_tokens
     from cluster.request import protocol
+    from cluster.request.protocol import ROUTED_OUTPUT_TOKENS_CAP, routed_max_tokens
 
     huge = protocol.validate({"model": "m", "prompt": "hi", "max_tokens": 10**400}, "completions")
     with pytest.raises(OverflowError):  # what the prediction did with it

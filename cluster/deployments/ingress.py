@@ -89,17 +89,6 @@ INLINE_PARSE_BYTES = 64 * 1024
 """Bodies up to this size are parsed on the event loop (a thread hop costs more than they do);
 larger ones in a thread, so one large request does not stall every stream of the replica."""
 
-ROUTED_OUTPUT_TOKENS_CAP = 1 << 20
-"""The most output tokens routing assumes for a request: any `int` validates, and one past a
-float's range would fail the prediction (500); the engine answers an out-of-range limit itself."""
-
-
-def routed_max_tokens(body: Any) -> int | None:
-    """The request's output limit (chat's newer field first), if it set one, within
-    1..`ROUTED_OUTPUT_TOKENS_CAP` for routing."""
-    limit = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
-    return None if limit is None else min(max(limit, 1), ROUTED_OUTPUT_TOKENS_CAP)
-
 
 def make_app(server: ServerConfig) -> FastAPI:
     """The FastAPI app: no CORS unless origins are listed; every error in OpenAI's shape."""
@@ -160,11 +149,6 @@ def ingress_class(server: ServerConfig) -> type:
             self._targets = {t.id: t for t in targets}
             self._encoders = {t.id: _load_tokenizer(t.tokenizer) for t in targets}
             self._pool_of_role = {(p.target, p.role): p.name for p in pools}
-            # The most sequences a request may run: what a replica of its largest pool takes.
-            self._per_replica = {
-                t.id: max(p.max_ongoing_requests for p in pools if p.target == t.id)
-                for t in targets
-            }
             # The calibrated model (absolute path from the app builder); None: rule v1.
             self._model = PerformanceModel.load(profile) if profile else None
             self._tracer = make_tracer_provider(telemetry).get_tracer(TRACER_NAME)
@@ -294,10 +278,7 @@ def ingress_class(server: ServerConfig) -> type:
             ref = self._pools.pools[pool]
             other_role = "throughput" if ref.role == "speculative" else "speculative"
             other = self._pool_of_role.get((ref.target, other_role))
-            return other if other and self._fits(other, weight) else None
-
-        def _fits(self, pool: str, weight: int) -> bool:
-            return weight <= self._pools.pools[pool].max_ongoing_requests
+            return other if other and self._pools.takes(other, weight) else None
 
         async def _admit(self, pool: str, other: str | None, weight: int) -> tuple[str, Slot]:
             """A slot of `weight` places (the request's sequences) in the chosen pool; when it
@@ -343,7 +324,7 @@ def ingress_class(server: ServerConfig) -> type:
             )
             protocol.check_context(prompt_tokens, target.max_model_len)
             weight = protocol.sequences(body)
-            protocol.check_sequences(weight, body.n or 1, self._per_replica[target.id])
+            protocol.check_sequences(weight, body.n or 1, self._pools.most_sequences(target.id))
             return body, target, prompt_tokens, weight
 
         def _target(self, model: Any) -> TargetRef:
@@ -365,8 +346,8 @@ def ingress_class(server: ServerConfig) -> type:
             the target's pools whose replicas take the request's `weight`."""
             await self._pools.ready()
             loads = {name: self._load(name) for (t, _), name in self._pool_of_role.items()
-                     if t == target and self._fits(name, weight)}  # fmt: skip
-            request = RequestFeatures(prompt_tokens, routed_max_tokens(body))
+                     if t == target and self._pools.takes(name, weight)}  # fmt: skip
+            request = RequestFeatures(prompt_tokens, protocol.routed_max_tokens(body))
             decision = choose_pool(request, loads, self._model, self._routing)
             self._routed[decision.pool] += 1
             return decision.pool, decision.reason.value, decision.header

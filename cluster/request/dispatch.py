@@ -74,6 +74,14 @@ class PoolClient:
         self._status_task: asyncio.Task | None = None
         self._status_ready = asyncio.Event()
 
+    def takes(self, pool: str, weight: int) -> bool:
+        """A replica of `pool` takes a request of `weight` sequences whole."""
+        return weight <= self.pools[pool].max_ongoing_requests
+
+    def most_sequences(self, target: str) -> int:
+        """The heaviest request (in sequences) a pool of `target` takes."""
+        return max(p.max_ongoing_requests for p in self.pools.values() if p.target == target)
+
     def call(self, pool: str, method: str, request: Any):
         """`LLMServer.<method>(request)` on one of the pool's replicas, chosen by Serve: a
         `DeploymentResponseGenerator` (async iterator, `.cancel()`)."""

@@ -241,3 +241,15 @@ def check_sequences(count: int, n: int, per_replica: int) -> None:
             f"replica of this model takes at most {per_replica} (max_ongoing_requests)",
             param=param,
         )
+
+
+ROUTED_OUTPUT_TOKENS_CAP = 1 << 20
+"""The most output tokens routing assumes for a request: any `int` validates, and one past a
+float's range would fail the prediction (500); the engine answers an out-of-range limit itself."""
+
+
+def routed_max_tokens(body: Any) -> int | None:
+    """The request's output limit (chat's newer field first), if it set one, within
+    1..`ROUTED_OUTPUT_TOKENS_CAP` for routing."""
+    limit = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
+    return None if limit is None else min(max(limit, 1), ROUTED_OUTPUT_TOKENS_CAP)

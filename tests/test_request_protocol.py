@@ -155,10 +155,13 @@ def test_a_request_runs_n_sequences_for_each_prompt(data, kind, count):
 
 
 def test_more_sequences_than_a_replica_takes_is_400_naming_n_or_the_prompts():
-    protocol.check_sequences(8, 4, 8)
-    error = _status(protocol.check_sequences, 9, 3, 8)
+    def request(prompts: int, n: int):
+        return protocol.validate({"model": "m", "prompt": ["a"] * prompts, "n": n}, "completions")
+
+    assert protocol.check_sequences(request(2, 4), 8) == 8
+    error = _status(protocol.check_sequences, request(3, 3), 8)
     assert (error.status, error.param) == (400, "n") and "at most 8" in error.message
-    assert _status(protocol.check_sequences, 9, 1, 8).param == "prompt"
+    assert _status(protocol.check_sequences, request(9, 1), 8).param == "prompt"
 
 
 @pytest.mark.parametrize(

@@ -323,8 +323,7 @@ def ingress_class(server: ServerConfig) -> type:
                 protocol.count_tokens, protocol.prompt_text(body), encode
             )
             protocol.check_context(prompt_tokens, target.max_model_len)
-            weight = protocol.sequences(body)
-            protocol.check_sequences(weight, body.n or 1, self._pools.most_sequences(target.id))
+            weight = protocol.check_sequences(body, self._pools.most_sequences(target.id))
             return body, target, prompt_tokens, weight
 
         def _target(self, model: Any) -> TargetRef:

@@ -220,7 +220,7 @@ def sequences(request: Any) -> int:
     """Sequences the engine runs at once for a request: `n` for each prompt (with beam search,
     `n` is the beam width); a completions request's prompts (and prompt embeddings, which
     vLLM runs beside them) are each their own."""
-    n = max(request.n or 1, 1)
+    n = _choices(request)
     if not isinstance(request, CompletionRequest):
         return n
     prompt, embeds = request.prompt, request.prompt_embeds
@@ -230,17 +230,23 @@ def sequences(request: Any) -> int:
     return n * max(prompts, 1)
 
 
-def check_sequences(count: int, n: int, per_replica: int) -> None:
-    """A request heavier than any of its pools' replicas takes at once: a 400, not a wait
-    that cannot end."""
+def _choices(request: Any) -> int:
+    return max(request.n or 1, 1)
+
+
+def check_sequences(request: Any, per_replica: int) -> int:
+    """The request's `sequences`; a 400 when that is more than any of its pools' replicas
+    takes at once (not a wait that cannot end)."""
+    count = sequences(request)
     if count > per_replica:
-        param = "n" if n > 1 else "prompt"
+        param = "n" if _choices(request) > 1 else "prompt"
         raise ApiError(
             400,
             f"{param}: this request runs {count} sequences at once (n for each prompt); a "
             f"replica of this model takes at most {per_replica} (max_ongoing_requests)",
             param=param,
         )
+    return count
 
 
 ROUTED_OUTPUT_TOKENS_CAP = 1 << 20
